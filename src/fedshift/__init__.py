@@ -1,3 +1,7 @@
 """fedshift: federated learning under distribution shift, with clients as a tensor dimension."""
 
 __version__ = "0.1.0"
+
+from .api import RunOutcome, make_config, run, scenario  # noqa: E402
+
+__all__ = ["RunOutcome", "__version__", "make_config", "run", "scenario"]

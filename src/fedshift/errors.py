@@ -1,4 +1,4 @@
-"""The one exception type for user mistakes: the CLI prints its message as one line, no traceback."""
+"""The exception type for user mistakes: the CLI prints it as one line, no traceback."""
 
 
 class FedshiftError(ValueError):

@@ -44,7 +44,9 @@ def _convert(key: str, tp: Any, raw: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if type(None) in args and (raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", ""))):
+        if type(None) in args and (
+            raw is None or (isinstance(raw, str) and raw.lower() in ("none", "null", ""))
+        ):
             return None
         errors = []
         for a in args:

@@ -1,0 +1,111 @@
+"""The algorithm contract.
+
+An algorithm is a small class over explicit state; the engine owns the loop. Per round the
+engine samples clients, splits them into cohorts of at most ``cohort_size`` and calls:
+
+1. ``configure(server, cohort) -> Payload`` — what each client receives: a ``broadcast``
+   mapping (the same tensors for every client: FedAvg's global model) and/or a stacked
+   ``per_client`` mapping (IFCA / CGPFL / UCFL send each client its own cluster model).
+2. ``client_update(payload, state, cohort) -> ClientResult`` — local training of the
+   whole cohort at once (``ctx.train`` runs a vmapped loss), returning stacked
+   ``upload`` tensors, the new per-client persistent ``state`` (Ditto's and pFedMe's
+   personal models, SCAFFOLD's control variates, Local's models; ``{}`` when stateless)
+   and explicit aggregation weights ``num_examples``.
+3. ``aggregate(server, uploads, info) -> server`` — once per round with the uploads of
+   every participant, stacked in ``info.ids`` order. Server-side maths (k-means,
+   silhouette, QPs, DRO weights) lives here; server state may hold anything that is a
+   tensor (global models, cluster models, DRO weights, control variates).
+4. ``predictor(server, state, cohort) -> Prediction`` — the model each client is
+   evaluated with: the global model (``shared=True``), the client's personal model, or a
+   model built on the spot (FTFA fine-tunes the global model on the client's data).
+
+``init()`` builds the server state and ``init_client_state(server)`` a single-client
+template of the persistent client state (the engine stacks it for all N clients, lazily).
+Optional ``before_training(server)`` runs once before round 0 (UCFL's gradient statistics
+round). Payloads and uploads are flat name → tensor mappings, so communication cost is a
+generic sum of bytes and every state can be checkpointed without knowing the algorithm.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from ..engine.context import Cohort, Context
+from ..engine.tree import Tree
+from ..registry import Registry
+
+
+@dataclass
+class Payload:
+    broadcast: Tree = field(default_factory=dict)  # same for every client of the cohort
+    per_client: Tree = field(default_factory=dict)  # stacked over the cohort
+
+
+@dataclass
+class ClientResult:
+    upload: Tree  # stacked over the cohort
+    state: Tree  # new persistent client state, stacked ({} if stateless)
+    num_examples: Tensor  # [C] aggregation weights
+    loss: Tensor  # [C] mean local training loss
+
+
+@dataclass
+class RoundInfo:
+    """The participants of a round, in the order their uploads are stacked."""
+
+    ids: Tensor
+    num_examples: Tensor
+    round: int
+
+
+@dataclass
+class Prediction:
+    params: Tree
+    buffers: Tree
+    shared: bool  # True: one model for every client (no client axis)
+
+
+class Algorithm(ABC):
+    name: ClassVar[str]
+    Hyper: ClassVar[type]
+    personalized: ClassVar[bool] = False
+
+    def __init__(self, hyper: Any, ctx: Context) -> None:
+        self.hp = hyper
+        self.ctx = ctx
+
+    @abstractmethod
+    def init(self) -> Tree: ...
+
+    def init_client_state(self, server: Tree) -> Tree:
+        return {}
+
+    def before_training(self, server: Tree) -> Tree:
+        return server
+
+    @abstractmethod
+    def configure(self, server: Tree, cohort: Cohort) -> Payload: ...
+
+    @abstractmethod
+    def client_update(self, payload: Payload, state: Tree, cohort: Cohort) -> ClientResult: ...
+
+    @abstractmethod
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree: ...
+
+    @abstractmethod
+    def predictor(self, server: Tree, state: Tree, cohort: Cohort) -> Prediction: ...
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+
+
+def register_algorithm(name: str):
+    def deco(cls: type[Algorithm]) -> type[Algorithm]:
+        cls.name = name
+        return ALGORITHMS.register(name)(cls)
+
+    return deco

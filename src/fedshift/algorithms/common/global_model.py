@@ -1,0 +1,40 @@
+"""Shared pieces of methods that keep one global model on the server (FedAvg and kin).
+
+Server state keys: ``p/<name>`` for parameters and ``b/<name>`` for buffers.
+"""
+
+from __future__ import annotations
+
+from ...engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..base import Algorithm, Payload, Prediction, RoundInfo
+
+
+def model_state(params: Tree, buffers: Tree) -> Tree:
+    return {**with_prefix(params, "p/"), **with_prefix(buffers, "b/")}
+
+
+def split_state(state: Tree) -> tuple[Tree, Tree]:
+    return strip_prefix(state, "p/"), strip_prefix(state, "b/")
+
+
+class GlobalModelAlgorithm(Algorithm):
+    """Server holds one model; clients receive it, train locally and upload it back;
+    the server takes the ``num_examples``-weighted average (McMahan et al., 2017)."""
+
+    def init(self) -> Tree:
+        return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
+
+    def configure(self, server: Tree, cohort) -> Payload:
+        return Payload(broadcast=server)
+
+    def start_from_broadcast(self, payload: Payload, n: int) -> tuple[Tree, Tree, Tree]:
+        """Stacked copies of the received model for ``n`` clients, and the model itself."""
+        params, buffers = split_state(payload.broadcast)
+        return stack(params, n), stack(buffers, n), params
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        return weighted_mean(uploads, info.num_examples)
+
+    def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
+        params, buffers = split_state(server)
+        return Prediction(params, buffers, shared=True)

@@ -1,0 +1,128 @@
+"""The Python API a notebook user drives in a few lines::
+
+    import fedshift as fs
+    data = fs.scenario("dirichlet", alpha=0.1, clients=20, data_dir="../shared/datasets")
+    out = fs.run(algorithm="fedprox", data=data, rounds=20, algorithm_options={"mu": 0.01})
+    out.metrics["worst"], out.metrics["per_env"]
+    out.frame()  # one row per client × environment (a DataFrame if pandas is installed)
+
+``fs.run`` takes the same keys as the CLI (``rounds``, ``lr``, ``"scenario.alpha"`` …) and
+records the run in the run store when ``db`` is given.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig, apply
+from .data import FederatedData, build_scenario
+from .engine.runner import RoundRecord, RunResult
+from .experiment import build_experiment, environment_info
+from .results.store import RunStore
+
+
+@dataclass
+class RunOutcome:
+    run_id: str | None
+    config: RunConfig
+    result: RunResult
+
+    @property
+    def metrics(self) -> dict:
+        return self.result.metrics
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON summary of ``fedshift run --json`` (a stable contract)."""
+        val = self.result.rounds[-1].val if self.result.rounds else None
+        return {
+            "run_id": self.run_id,
+            "algorithm": self.config.algorithm,
+            "scenario": self.config.scenario,
+            "rounds": self.config.rounds,
+            "seed": self.config.seed,
+            "metrics": self.result.metrics,
+            "val": val,
+            "time_s": round(self.result.time_s, 3),
+            "bytes_up": self.result.bytes_up,
+            "bytes_down": self.result.bytes_down,
+        }
+
+    def frame(self):
+        """Per-client × per-environment accuracies, as a DataFrame when pandas is present."""
+        acc = self.result.accuracy
+        rows = [
+            {"client": c, "env": env, "accuracy": float(acc[c, j])}
+            for c in range(acc.shape[0])
+            for j, env in enumerate(self.result.env_names)
+        ]
+        try:
+            import pandas as pd
+        except ImportError:
+            return rows
+        return pd.DataFrame(rows)
+
+
+def scenario(
+    name: str, seed: int = 0, data_dir: str | Path | None = None, **options
+) -> FederatedData:
+    """Build a registered scenario (options as keyword arguments)."""
+    return build_scenario(name, options, seed, data_dir)
+
+
+def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
+    cfg = config or RunConfig()
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key.endswith("_options") and isinstance(value, dict):
+            section = key[: -len("_options")]
+            flat.update({f"{section}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return apply(cfg, flat).validate()
+
+
+def run(
+    config: RunConfig | None = None,
+    *,
+    data: FederatedData | None = None,
+    db: str | Path | None = None,
+    on_round=None,
+    **settings,
+) -> RunOutcome:
+    """Run one configuration to the end; with ``db`` the run is recorded in the run store.
+
+    If the run fails or is interrupted, the store keeps its status, error and the rounds
+    it completed, and the exception propagates.
+    """
+    cfg = make_config(config, **settings)
+    if data is not None and "scenario" not in settings:
+        cfg.scenario = data.name
+    store = RunStore(db) if db is not None else None
+    run_id = None
+
+    def record(rec: RoundRecord) -> None:
+        if store is not None:
+            store.log_round(run_id, rec)
+        if on_round is not None:
+            on_round(rec)
+
+    exp = build_experiment(cfg, data=data, on_round=record)
+    if store is not None:
+        run_id = store.start(cfg.flat(), environment_info(exp.ctx.device))
+    try:
+        result = exp.runner.run()
+    except KeyboardInterrupt:
+        if store is not None:
+            store.fail(run_id, "interrupted", "interrupted by the user")
+        raise
+    except BaseException as e:
+        if store is not None:
+            store.fail(run_id, "failed", "".join(traceback.format_exception_only(e)).strip())
+        raise
+    outcome = RunOutcome(run_id, cfg, result)
+    if store is not None:
+        store.finish(run_id, result, outcome.summary()["val"])
+    return outcome

@@ -1,0 +1,59 @@
+"""What `fedshift list` shows: registered names with a help line and their options."""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import FedshiftError
+from .options import describe_options
+
+
+def _first_line(doc: str | None) -> str:
+    return (doc or "").strip().splitlines()[0].strip() if doc else ""
+
+
+def catalog(what: str) -> list[dict]:
+    if what == "algorithms":
+        from .algorithms import ALGORITHMS
+
+        return [
+            {
+                "name": n,
+                "help": _first_line(sys.modules[ALGORITHMS.get(n).__module__].__doc__),
+                "personalized": ALGORITHMS.get(n).personalized,
+                "options": describe_options(ALGORITHMS.get(n).Hyper),
+            }
+            for n in ALGORITHMS.names()
+        ]
+    if what == "scenarios":
+        from .data import SCENARIOS
+
+        return [
+            {
+                "name": n,
+                "help": SCENARIOS.get(n).help,
+                "options": describe_options(SCENARIOS.get(n).options),
+            }
+            for n in SCENARIOS.names()
+        ]
+    if what == "models":
+        from .models import MODELS
+
+        return [
+            {
+                "name": n,
+                "help": MODELS.get(n).help,
+                "options": describe_options(MODELS.get(n).options),
+            }
+            for n in MODELS.names()
+        ]
+    if what == "presets":
+        from .config import preset_names, preset_text
+
+        return [
+            {"name": n, "help": _first_line(preset_text(n).lstrip("# ")), "options": []}
+            for n in preset_names()
+        ]
+    raise FedshiftError(
+        f"cannot list {what!r}; choose one of: algorithms, scenarios, presets, models"
+    )

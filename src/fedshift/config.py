@@ -1,0 +1,160 @@
+"""Run configuration: presets / TOML files plus dotted ``--set key=value`` overrides,
+resolved into one validated :class:`RunConfig`.
+
+Top-level keys are the fields of :class:`RunConfig`; ``algorithm.<hp>``, ``scenario.<option>``
+and ``model.<option>`` go to the chosen algorithm's, scenario's and model's own option
+dataclasses, which validate them. In TOML, tables work too: ``[scenario] name = "dirichlet"
+alpha = 0.1`` is the same as ``scenario = "dirichlet"`` plus ``scenario.alpha = 0.1``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from .errors import FedshiftError
+from .options import _convert, require
+
+SECTIONS = ("algorithm", "scenario", "model")
+
+
+@dataclass
+class RunConfig:
+    algorithm: str = "fedavg"
+    scenario: str = "digits-shortcut"
+    model: str = "auto"  # auto = the scenario's default model
+    rounds: int = 20
+    seed: int = 0
+    lr: float = 0.05
+    batch_size: int = 10
+    local_epochs: int = 1
+    local_steps: int = 0  # > 0: fixed steps per round instead of epochs
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    participation: float = 0.0  # 0 = the scenario's default
+    clients_per_round: int = 0  # > 0: sample this many clients instead of a rate
+    cohort_size: int = 0  # 0 = all sampled clients in one batched cohort
+    eval_every: int = 0  # 0 = about ten evaluations per run
+    device: str = "cpu"
+    compile: bool = False
+    data_dir: str = ""
+    algorithm_options: dict[str, Any] = field(default_factory=dict)
+    scenario_options: dict[str, Any] = field(default_factory=dict)
+    model_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> RunConfig:
+        require(self.rounds >= 0, f"rounds must be >= 0, got {self.rounds}")
+        require(self.lr > 0, f"lr must be positive, got {self.lr}")
+        require(
+            self.batch_size >= 0, f"batch_size must be >= 0 (0 = full batch), got {self.batch_size}"
+        )
+        require(self.local_epochs >= 1, f"local_epochs must be >= 1, got {self.local_epochs}")
+        require(self.local_steps >= 0, f"local_steps must be >= 0, got {self.local_steps}")
+        require(
+            0 <= self.participation <= 1,
+            f"participation must be in (0, 1], got {self.participation}",
+        )
+        require(self.clients_per_round >= 0, "clients_per_round must be >= 0")
+        require(
+            self.cohort_size >= 0, f"cohort_size must be >= 0 (0 = all), got {self.cohort_size}"
+        )
+        require(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
+        require(
+            self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps",
+            f"device {self.device!r} is not supported; use cpu, cuda, cuda:N or mps",
+        )
+        return self
+
+    def flat(self) -> dict[str, Any]:
+        """The resolved config as dotted keys (what the run store records)."""
+        out = {k: v for k, v in dataclasses.asdict(self).items() if not k.endswith("_options")}
+        for sec in SECTIONS:
+            for k, v in getattr(self, f"{sec}_options").items():
+                out[f"{sec}.{k}"] = v
+        return out
+
+
+_TOP = {f.name: f for f in dataclasses.fields(RunConfig) if not f.name.endswith("_options")}
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        elif key.endswith(".name") and key[: -len(".name")] in SECTIONS:
+            out[key[: -len(".name")]] = v
+        else:
+            out[key] = v
+    return out
+
+
+def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
+    """Apply dotted ``values`` (strings from the CLI or TOML values) to ``cfg`` in place."""
+    hints = typing.get_type_hints(RunConfig)
+    for key, raw in values.items():
+        sec, _, sub = key.partition(".")
+        if sub and sec in SECTIONS:
+            getattr(cfg, f"{sec}_options")[sub] = raw
+        elif key in _TOP:
+            setattr(cfg, key, _convert(key, hints[key], raw))
+        else:
+            allowed = ", ".join(list(_TOP) + [f"{s}.<option>" for s in SECTIONS])
+            raise FedshiftError(f"unknown config key {key!r}; allowed keys: {allowed}")
+    return cfg
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise FedshiftError(f"--set {item!r} is not of the form key=value")
+        out[key.strip()] = value.strip()
+    return out
+
+
+PRESET_PACKAGE = "fedshift.presets"
+
+
+def preset_names() -> list[str]:
+    files = resources.files(PRESET_PACKAGE)
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
+
+
+def preset_text(name: str) -> str:
+    return resources.files(PRESET_PACKAGE).joinpath(f"{name}.toml").read_text()
+
+
+def load_source(source: str) -> dict[str, Any]:
+    """Dotted keys of a preset name or a TOML file path."""
+    path = Path(source)
+    if path.suffix == ".toml" or path.exists():
+        if not path.exists():
+            raise FedshiftError(f"config file {source!r} does not exist")
+        text = path.read_text()
+    elif source in preset_names():
+        text = preset_text(source)
+    else:
+        raise FedshiftError(
+            f"{source!r} is neither a TOML file nor a preset; presets: {', '.join(preset_names())}"
+        )
+    try:
+        return _flatten(tomllib.loads(text))
+    except tomllib.TOMLDecodeError as e:
+        raise FedshiftError(f"config {source!r} is not valid TOML: {e}") from None
+
+
+def resolve(source: str | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    cfg = RunConfig()
+    if source:
+        apply(cfg, load_source(source))
+    apply(cfg, overrides or {})
+    return cfg.validate()

@@ -1,0 +1,103 @@
+"""What an algorithm may use: the model as a pure function, the data, the training
+settings, and one call that trains a cohort locally. Algorithms own no loop of their own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data.federated import FederatedData, Split
+from ..models.base import FedModel
+from .local import LocalTrainer, LossFn, TrainResult
+from .schedule import Schedule, make_schedule
+from .sgd import SGDConfig
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """The clients trained together in one chunk of a round (or evaluated together)."""
+
+    ids: Tensor  # [C] int64 client ids
+    round: int
+    num_examples: Tensor  # [C] float training-set sizes (aggregation weights)
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+
+@dataclass
+class Context:
+    model: FedModel
+    data: FederatedData  # on `device`
+    device: torch.device
+    seed: int
+    sgd: SGDConfig
+    batch_size: int
+    local_epochs: int | None
+    local_steps: int | None
+    trainer: LocalTrainer
+    initial_params: Tree
+    initial_buffers: Tree
+
+    def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
+        return self.trainer.forward(params, buffers, x)
+
+    def cohort(self, ids: Tensor, round_: int) -> Cohort:
+        sizes = self.data.train.sizes()[ids.cpu()].to(torch.float32)
+        return Cohort(ids.cpu(), round_, sizes)
+
+    def schedule(
+        self,
+        cohort: Cohort,
+        purpose: str,
+        epochs: int | None = None,
+        steps: int | None = None,
+        batch_size: int | None = None,
+        split: Split | None = None,
+    ) -> Schedule:
+        """Per-client minibatch order; defaults to the run's local_epochs / local_steps."""
+        if epochs is None and steps is None:
+            epochs, steps = self.local_epochs, self.local_steps
+        return make_schedule(
+            split if split is not None else self.data.train,
+            cohort.ids,
+            seed=self.seed,
+            round_=cohort.round,
+            purpose=purpose,
+            batch_size=self.batch_size if batch_size is None else batch_size,
+            epochs=epochs,
+            steps=steps,
+        )
+
+    def train(
+        self,
+        loss_fn: LossFn,
+        params: Tree,
+        buffers: Tree,
+        cohort: Cohort,
+        purpose: str = "train",
+        *,
+        epochs: int | None = None,
+        steps: int | None = None,
+        sgd: SGDConfig | None = None,
+        shared: Tree | None = None,
+        per_client: Tree | None = None,
+        trainable: Callable[[str], bool] | None = None,
+    ) -> TrainResult:
+        """Train stacked ``params`` of the cohort on each client's own training data."""
+        sched = self.schedule(cohort, purpose, epochs, steps)
+        return self.trainer.train(
+            loss_fn,
+            params,
+            buffers,
+            self.data.train,
+            sched,
+            sgd or self.sgd,
+            shared=shared,
+            per_client=per_client,
+            trainable=trainable,
+        )

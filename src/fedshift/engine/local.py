@@ -1,0 +1,124 @@
+"""Local training for a whole cohort at once.
+
+The client step is written once for a single client — ``grad`` of the algorithm's loss,
+then a functional SGD update — and ``vmap``-ed over the cohort. Clients are sorted by their
+step counts, so at step ``s`` the clients still training are a prefix of the cohort: the
+step runs on that prefix only (finished clients are dropped from the batch, not masked
+into it). The step is a pure tensors-in/tensors-out function, so ``torch.compile`` can
+take it whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.func import functional_call, grad, vmap
+
+from ..data.federated import Split
+from ..models.base import FedModel
+from .schedule import Schedule
+from .sgd import SGDConfig, sgd_step
+from .tree import Tree, take
+
+# loss_fn(params, buffers, extras, x, y, w) -> scalar, for ONE client (vmapped by the trainer)
+LossFn = Callable[[Tree, Tree, Tree, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class TrainResult:
+    params: Tree  # stacked, cohort order
+    buffers: Tree  # stacked, cohort order
+    loss: Tensor  # [C] mean loss over each client's own steps
+    steps: Tensor  # [C] steps each client took
+
+
+class LocalTrainer:
+    def __init__(self, model: FedModel, compile: bool = False) -> None:
+        self.model = model
+        self.compile = compile
+        self._steps: dict = {}
+
+    def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
+        """The model as a pure function of its parameters and buffers."""
+        return functional_call(self.model, (params, buffers), (x,))
+
+    def _step_fn(self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...]):
+        key = (loss_fn, sgd, train_keys)
+        if key in self._steps:
+            return self._steps[key]
+
+        def objective(trained, frozen, buffers, extras, x, y, w):
+            loss = loss_fn({**frozen, **trained}, buffers, extras, x, y, w)
+            return loss, loss
+
+        def step(trained, frozen, buffers, momentum, shared, per_client, x, y, w):
+            grads, loss = grad(objective, has_aux=True)(
+                trained, frozen, buffers, {**shared, **per_client}, x, y, w
+            )
+            new, momentum = sgd_step(trained, grads, momentum, sgd)
+            return new, momentum, loss
+
+        fn = vmap(step, in_dims=(0, 0, 0, 0, None, 0, 0, 0, 0))
+        if self.compile:
+            fn = torch.compile(fn, dynamic=True)
+        self._steps[key] = fn
+        return fn
+
+    def train(
+        self,
+        loss_fn: LossFn,
+        params: Tree,
+        buffers: Tree,
+        split: Split,
+        schedule: Schedule,
+        sgd: SGDConfig,
+        shared: Tree | None = None,
+        per_client: Tree | None = None,
+        trainable: Callable[[str], bool] | None = None,
+    ) -> TrainResult:
+        """Run every client's own schedule; returns new stacked params and buffers."""
+        device = next(iter(params.values())).device
+        order = torch.argsort(schedule.steps, descending=True, stable=True)
+        inverse = torch.argsort(order)
+        steps = schedule.steps[order]
+        idx = schedule.index[order].to(device)
+        wgt = schedule.weight[order].to(device)
+        train_keys = tuple(k for k in params if trainable is None or trainable(k))
+        trained = {k: params[k][order.to(device)].clone() for k in train_keys}
+        frozen = {k: v[order.to(device)] for k, v in params.items() if k not in trained}
+        bufs = {k: v[order.to(device)].clone() for k, v in buffers.items()}
+        momentum = {k: torch.zeros_like(v) for k, v in trained.items()}
+        pc = take(per_client or {}, order.to(device))
+        loss_sum = torch.zeros(len(order), device=device)
+        step = self._step_fn(loss_fn, sgd, train_keys)
+        self.model.train()
+        active_counts = [(steps > s).sum().item() for s in range(schedule.max_steps)]
+        for s, k in enumerate(active_counts):
+            rows = idx[:k, s]
+            new, mom, loss = step(
+                take(trained, slice(0, k)),
+                take(frozen, slice(0, k)),
+                take(bufs, slice(0, k)),
+                take(momentum, slice(0, k)),
+                shared or {},
+                take(pc, slice(0, k)),
+                split.x[rows],
+                split.y[rows],
+                wgt[:k, s],
+            )
+            for name in train_keys:
+                trained[name][:k] = new[name]
+                momentum[name][:k] = mom[name]
+            loss_sum[:k] += loss.detach()
+        out = {**trained, **frozen}
+        mean_loss = loss_sum / steps.clamp(min=1).to(device)
+        inv = inverse.to(device)
+        return TrainResult(
+            params={k: out[k][inv] for k in params},
+            buffers={k: v[inv] for k, v in bufs.items()},
+            loss=mean_loss[inv],
+            steps=steps[inverse],
+        )

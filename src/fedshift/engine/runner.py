@@ -1,0 +1,154 @@
+"""The round loop: sample clients, run them in cohorts, aggregate, evaluate, account bytes.
+
+This is the only loop over rounds and clients in fedshift; algorithms implement the
+contract of ``fedshift.algorithms.base`` and never iterate themselves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..algorithms.base import Algorithm, RoundInfo
+from ..data.federated import Split
+from ..eval.evaluate import correct_counts
+from ..eval.metrics import accuracy_percent, summarize
+from .context import Context
+from .sampling import clients_per_round as count_per_round
+from .sampling import sample_clients
+from .store import ClientStore
+from .tree import Tree, concat, nbytes
+
+
+@dataclass
+class RoundRecord:
+    round: int  # 1-based count of completed rounds
+    loss: float
+    bytes_up: int
+    bytes_down: int
+    time_s: float
+    metrics: dict | None = None  # test summary when evaluated this round
+    val: float | None = None  # mean validation accuracy when evaluated
+
+
+@dataclass
+class RunResult:
+    rounds: list[RoundRecord] = field(default_factory=list)
+    accuracy: Tensor | None = None  # [N, E] final per-client × per-environment, percent
+    env_names: list[str] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+    val_accuracy: Tensor | None = None
+    val_names: list[str] = field(default_factory=list)
+    time_s: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    server: Tree = field(default_factory=dict)
+
+
+class Runner:
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        ctx: Context,
+        *,
+        rounds: int,
+        participation: float,
+        clients_per_round: int | None = None,
+        cohort_size: int | None = None,
+        eval_every: int = 0,
+        state_device: str | torch.device | None = None,
+        on_round: Callable[[RoundRecord], None] | None = None,
+    ) -> None:
+        self.alg = algorithm
+        self.ctx = ctx
+        self.rounds = rounds
+        n = ctx.data.num_clients
+        self.k = count_per_round(n, participation, clients_per_round)
+        self.cohort_size = cohort_size if cohort_size and cohort_size > 0 else n
+        self.eval_every = eval_every
+        self.on_round = on_round
+        self.server = algorithm.init()
+        self.store = ClientStore(
+            algorithm.init_client_state(self.server), n, state_device or ctx.device
+        )
+
+    def chunks(self, ids: Tensor) -> list[Tensor]:
+        return list(ids.split(self.cohort_size))
+
+    def train_round(self, r: int) -> RoundRecord:
+        t0 = time.perf_counter()
+        ids = sample_clients(self.ctx.data.num_clients, self.k, self.ctx.seed, r)
+        uploads, weights, losses = [], [], []
+        up = down = 0
+        for chunk in self.chunks(ids):
+            cohort = self.ctx.cohort(chunk, r)
+            payload = self.alg.configure(self.server, cohort)
+            down += nbytes(payload.broadcast) * len(chunk) + nbytes(payload.per_client)
+            result = self.alg.client_update(
+                payload, self.store.take(chunk, self.ctx.device), cohort
+            )
+            self.store.put(chunk, result.state)
+            up += nbytes(result.upload)
+            uploads.append(result.upload)
+            weights.append(result.num_examples)
+            losses.append(result.loss.detach().cpu())
+        w = torch.cat(weights).cpu().float()
+        self.server = self.alg.aggregate(self.server, concat(uploads), RoundInfo(ids, w, r))
+        loss = torch.cat(losses)
+        mean_loss = float((loss * w).sum() / w.sum().clamp(min=1e-12))
+        return RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
+
+    def accuracy(self, splits: dict[str, Split], round_: int) -> Tensor:
+        """[N, E] percent accuracy of every client's predictor on each split."""
+        n = self.ctx.data.num_clients
+        correct = torch.zeros(n, len(splits), dtype=torch.int64)
+        total = torch.zeros(n, len(splits), dtype=torch.int64)
+        for chunk in self.chunks(torch.arange(n)):
+            cohort = self.ctx.cohort(chunk, round_)
+            pred = self.alg.predictor(self.server, self.store.take(chunk, self.ctx.device), cohort)
+            for j, split in enumerate(splits.values()):
+                c, t = correct_counts(
+                    self.ctx, pred.params, pred.buffers, pred.shared, split, chunk
+                )
+                correct[chunk, j] = c
+                total[chunk, j] = t
+        return accuracy_percent(correct, total)
+
+    def evaluate(self, round_: int) -> tuple[Tensor, dict, Tensor | None, float | None]:
+        data = self.ctx.data
+        acc = self.accuracy(data.test, round_)
+        summary = summarize(acc, data.test_env_names)
+        val_acc, val = None, None
+        if data.val:
+            val_acc = self.accuracy(data.val, round_)
+            val = summarize(val_acc, list(data.val))["average"]
+        return acc, summary, val_acc, val
+
+    def run(self) -> RunResult:
+        result = RunResult(
+            env_names=self.ctx.data.test_env_names, val_names=list(self.ctx.data.val)
+        )
+        t_start = time.perf_counter()
+        self.server = self.alg.before_training(self.server)
+        for r in range(self.rounds):
+            rec = self.train_round(r)
+            last = r == self.rounds - 1
+            if last or (self.eval_every and (r + 1) % self.eval_every == 0):
+                acc, summary, val_acc, val = self.evaluate(r)
+                rec.metrics, rec.val = summary, val
+                if last:
+                    result.accuracy, result.metrics, result.val_accuracy = acc, summary, val_acc
+            result.rounds.append(rec)
+            result.bytes_up += rec.bytes_up
+            result.bytes_down += rec.bytes_down
+            if self.on_round:
+                self.on_round(rec)
+        if self.rounds == 0:
+            result.accuracy, result.metrics, result.val_accuracy, _ = self.evaluate(0)
+        result.time_s = time.perf_counter() - t_start
+        result.server = self.server
+        return result

@@ -1,0 +1,72 @@
+"""Helpers over flat name → tensor mappings, optionally stacked with a leading client axis.
+
+Every piece of per-client state in fedshift is such a mapping; these few functions are the
+only tree utilities the engine and the algorithms need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor
+
+Tree = dict[str, Tensor]
+
+
+def stack(tree: Mapping[str, Tensor], n: int) -> Tree:
+    """Repeat a single-client tree ``n`` times along a new leading client axis."""
+    return {k: v.detach().unsqueeze(0).expand(n, *v.shape).clone() for k, v in tree.items()}
+
+
+def take(tree: Mapping[str, Tensor], index: Tensor | slice) -> Tree:
+    """Rows ``index`` of every stacked tensor (a copy for tensor indices, a view for slices)."""
+    return {k: v[index] for k, v in tree.items()}
+
+
+def put(tree: Mapping[str, Tensor], index: Tensor, rows: Mapping[str, Tensor]) -> None:
+    """Write ``rows`` back into the stacked ``tree`` at ``index`` (in place)."""
+    for k, v in rows.items():
+        tree[k][index.to(tree[k].device)] = v.to(tree[k].device, tree[k].dtype)
+
+
+def concat(trees: list[Mapping[str, Tensor]]) -> Tree:
+    """Concatenate stacked trees along the client axis (chunks of one round)."""
+    if not trees:
+        return {}
+    return {k: torch.cat([t[k] for t in trees]) for k in trees[0]}
+
+
+def select(tree: Mapping[str, Tensor], keep: Callable[[str], bool]) -> Tree:
+    return {k: v for k, v in tree.items() if keep(k)}
+
+
+def with_prefix(tree: Mapping[str, Tensor], prefix: str) -> Tree:
+    return {f"{prefix}{k}": v for k, v in tree.items()}
+
+
+def strip_prefix(tree: Mapping[str, Tensor], prefix: str) -> Tree:
+    return {k[len(prefix) :]: v for k, v in tree.items() if k.startswith(prefix)}
+
+
+def weighted_mean(stacked: Mapping[str, Tensor], weights: Tensor) -> Tree:
+    """Average stacked tensors over the client axis with (unnormalised) ``weights``."""
+    w = weights.to(torch.float64)
+    w = w / w.sum()
+    out = {}
+    for k, v in stacked.items():
+        if not v.is_floating_point():
+            out[k] = v[0].clone()  # integer buffers (e.g. BN batch counters) are not averaged
+            continue
+        shape = (-1,) + (1,) * (v.dim() - 1)
+        out[k] = (v.to(torch.float64) * w.to(v.device).view(shape)).sum(0).to(v.dtype)
+    return out
+
+
+def nbytes(tree: Mapping[str, Tensor]) -> int:
+    """Bytes held by the tensors of a tree (what a message carrying it costs)."""
+    return int(sum(v.numel() * v.element_size() for v in tree.values()))
+
+
+def clone(tree: Mapping[str, Tensor]) -> Tree:
+    return {k: v.clone() for k, v in tree.items()}

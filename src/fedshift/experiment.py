@@ -1,0 +1,110 @@
+"""From a resolved :class:`RunConfig` to a ready :class:`Runner`: build the scenario, the
+seeded model, the training context and the algorithm, validating every option on the way."""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+
+import torch
+
+from . import __version__
+from .algorithms import ALGORITHMS, Algorithm
+from .config import RunConfig
+from .data import FederatedData, build_scenario
+from .engine.context import Context
+from .engine.local import LocalTrainer
+from .engine.runner import RoundRecord, Runner
+from .engine.sgd import SGDConfig
+from .errors import FedshiftError
+from .models import build_model
+from .options import build_options
+
+
+@dataclass
+class Experiment:
+    config: RunConfig
+    data: FederatedData
+    ctx: Context
+    algorithm: Algorithm
+    runner: Runner
+
+
+def resolve_device(name: str) -> torch.device:
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise FedshiftError(
+            f"device {name!r} was asked for but CUDA is not available here; use --device cpu"
+        )
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise FedshiftError(
+            "device 'mps' was asked for but MPS is not available here; use --device cpu"
+        )
+    return torch.device(name)
+
+
+def eval_interval(cfg: RunConfig) -> int:
+    return cfg.eval_every if cfg.eval_every > 0 else max(1, cfg.rounds // 10)
+
+
+def build_experiment(
+    cfg: RunConfig, data: FederatedData | None = None, on_round=None
+) -> Experiment:
+    cfg.validate()
+    alg_cls = ALGORITHMS.get(cfg.algorithm)
+    hyper = build_options(alg_cls.Hyper, cfg.algorithm_options, "algorithm")
+    device = resolve_device(cfg.device)
+    if data is None:
+        data = build_scenario(cfg.scenario, cfg.scenario_options, cfg.seed, cfg.data_dir or None)
+    data = data.to(device)
+    model_name = data.default_model if cfg.model == "auto" else cfg.model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = build_model(model_name, data.input_shape, data.num_classes, cfg.model_options)
+    model = model.to(device)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    ctx = Context(
+        model=model,
+        data=data,
+        device=device,
+        seed=cfg.seed,
+        sgd=SGDConfig(cfg.lr, cfg.momentum, cfg.weight_decay),
+        batch_size=cfg.batch_size,
+        local_epochs=None if cfg.local_steps else cfg.local_epochs,
+        local_steps=cfg.local_steps or None,
+        trainer=LocalTrainer(model, compile=cfg.compile),
+        initial_params=params,
+        initial_buffers=buffers,
+    )
+    algorithm = alg_cls(hyper, ctx)
+    participation = cfg.participation or data.participation
+    runner = Runner(
+        algorithm,
+        ctx,
+        rounds=cfg.rounds,
+        participation=participation,
+        clients_per_round=cfg.clients_per_round or None,
+        cohort_size=cfg.cohort_size or None,
+        eval_every=eval_interval(cfg),
+        on_round=on_round,
+    )
+    return Experiment(cfg, data, ctx, algorithm, runner)
+
+
+def environment_info(device: torch.device | str) -> dict:
+    import numpy
+    import sklearn
+
+    return {
+        "fedshift": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "sklearn": sklearn.__version__,
+        "platform": platform.platform(),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+    }
+
+
+__all__ = ["Experiment", "RoundRecord", "build_experiment", "environment_info"]

@@ -1,0 +1,186 @@
+"""The run store: one SQLite database (default ``runs/fedshift.db``) holding every run's
+resolved config, environment, per-round metrics, final per-client × per-environment
+accuracies and costs. Each write is one transaction, so an interrupted run leaves a
+readable database with its status and the rounds it finished."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import sqlite3
+from contextlib import closing
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import FedshiftError
+
+DEFAULT_DB = Path("runs") / "fedshift.db"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created TEXT NOT NULL,
+    finished TEXT,
+    status TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    scenario TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    rounds INTEGER NOT NULL,
+    rounds_done INTEGER NOT NULL DEFAULT 0,
+    config TEXT NOT NULL,
+    environment TEXT NOT NULL,
+    metrics TEXT,
+    val REAL,
+    time_s REAL,
+    bytes_up INTEGER NOT NULL DEFAULT 0,
+    bytes_down INTEGER NOT NULL DEFAULT 0,
+    error TEXT
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    round INTEGER NOT NULL,
+    loss REAL,
+    bytes_up INTEGER NOT NULL,
+    bytes_down INTEGER NOT NULL,
+    time_s REAL NOT NULL,
+    metrics TEXT,
+    val REAL,
+    PRIMARY KEY (run_id, round)
+);
+CREATE TABLE IF NOT EXISTS client_accuracy (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    split TEXT NOT NULL,
+    client INTEGER NOT NULL,
+    env TEXT NOT NULL,
+    accuracy REAL,
+    PRIMARY KEY (run_id, split, client, env)
+);
+"""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _num(v: float | None) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+class RunStore:
+    def __init__(self, path: str | Path = DEFAULT_DB) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with closing(self._connect()) as conn, conn:
+                conn.executescript(SCHEMA)
+        except (OSError, sqlite3.Error) as e:
+            raise FedshiftError(f"cannot open the run store {str(self.path)!r}: {e}") from None
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        return conn
+
+    def start(self, config: dict[str, Any], environment: dict[str, Any]) -> str:
+        run_id = secrets.token_hex(5)
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, created, status, algorithm, scenario, seed, rounds,"
+                " config, environment) VALUES (?,?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    _now(),
+                    "running",
+                    config["algorithm"],
+                    config["scenario"],
+                    config["seed"],
+                    config["rounds"],
+                    json.dumps(config),
+                    json.dumps(environment),
+                ),
+            )
+        return run_id
+
+    def log_round(self, run_id: str, rec) -> None:
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    rec.round,
+                    _num(rec.loss),
+                    rec.bytes_up,
+                    rec.bytes_down,
+                    rec.time_s,
+                    json.dumps(rec.metrics) if rec.metrics else None,
+                    _num(rec.val),
+                ),
+            )
+            conn.execute(
+                "UPDATE runs SET rounds_done=?, bytes_up=bytes_up+?, bytes_down=bytes_down+? "
+                "WHERE run_id=?",
+                (rec.round, rec.bytes_up, rec.bytes_down, run_id),
+            )
+
+    def finish(self, run_id: str, result, val: float | None) -> None:
+        rows = []
+        for split, acc, names in (
+            ("test", result.accuracy, result.env_names),
+            ("val", result.val_accuracy, result.val_names),
+        ):
+            if acc is None:
+                continue
+            for c in range(acc.shape[0]):
+                for j, env in enumerate(names):
+                    rows.append((run_id, split, c, env, _num(float(acc[c, j]))))
+        with closing(self._connect()) as conn, conn:
+            conn.executemany("INSERT OR REPLACE INTO client_accuracy VALUES (?,?,?,?,?)", rows)
+            conn.execute(
+                "UPDATE runs SET status='done', finished=?, metrics=?, val=?, time_s=?"
+                " WHERE run_id=?",
+                (_now(), json.dumps(result.metrics), _num(val), result.time_s, run_id),
+            )
+
+    def fail(self, run_id: str, status: str, error: str) -> None:
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "UPDATE runs SET status=?, finished=?, error=? WHERE run_id=?",
+                (status, _now(), error, run_id),
+            )
+
+    def runs(self) -> list[dict[str, Any]]:
+        with closing(self._connect()) as conn:
+            rows = conn.execute("SELECT * FROM runs ORDER BY created, rowid").fetchall()
+        return [self._row(r) for r in rows]
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        with closing(self._connect()) as conn:
+            row = conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            if row is None:
+                raise FedshiftError(f"no run {run_id!r} in {str(self.path)!r}")
+            out = self._row(row)
+            out["round_metrics"] = [
+                {**dict(r), "metrics": json.loads(r["metrics"]) if r["metrics"] else None}
+                for r in conn.execute(
+                    "SELECT * FROM rounds WHERE run_id=? ORDER BY round", (run_id,)
+                )
+            ]
+            out["client_accuracy"] = [
+                dict(r)
+                for r in conn.execute(
+                    "SELECT split, client, env, accuracy FROM client_accuracy WHERE run_id=?"
+                    " ORDER BY split, client",
+                    (run_id,),
+                )
+            ]
+        return out
+
+    @staticmethod
+    def _row(row: sqlite3.Row) -> dict[str, Any]:
+        d = dict(row)
+        for k in ("config", "environment", "metrics"):
+            d[k] = json.loads(d[k]) if d[k] else None
+        return d

@@ -1,0 +1,133 @@
+"""The batched engine is exactly the sequential one, handles unequal clients with their own
+step counts, accounts bytes exactly and is deterministic per seed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import toy_data
+
+import fedshift as fs
+from fedshift.engine.schedule import make_schedule
+from fedshift.engine.sgd import SGDConfig
+from fedshift.engine.tree import nbytes, stack
+from fedshift.experiment import build_experiment
+
+SETTINGS = dict(lr=0.1, batch_size=8, local_epochs=2, rounds=3, model_options={"hidden": [16]})
+
+
+def run(algorithm="fedavg", data=None, **kw):
+    return fs.run(algorithm=algorithm, data=data or toy_data(), **{**SETTINGS, **kw})
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "local", "ftfa"])
+def test_cohort_size_does_not_change_results(algorithm):
+    outs = [run(algorithm, cohort_size=c) for c in (1, 3, 0)]
+    ref = outs[0]
+    for o in outs[1:]:
+        assert o.metrics["per_client"] == pytest.approx(ref.metrics["per_client"], abs=1e-9)
+        torch.testing.assert_close(o.result.accuracy, ref.result.accuracy)
+        for k, v in ref.result.server.items():
+            torch.testing.assert_close(o.result.server[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_step_masks_match_a_plain_per_client_loop():
+    """Clients of sizes 5…200 each take their own epochs·⌈n/B⌉ steps, exactly."""
+    data = toy_data()
+    cfg = fs.make_config(algorithm="fedavg", **{**SETTINGS, "rounds": 1})
+    exp = build_experiment(cfg, data=data)
+    ctx = exp.ctx
+    ids = torch.arange(data.num_clients)
+    cohort = ctx.cohort(ids, 0)
+    n = len(ids)
+    params, buffers = stack(ctx.initial_params, n), stack(ctx.initial_buffers, n)
+    out = ctx.train(exp.algorithm.loss, params, buffers, cohort, shared=ctx.initial_params)
+    sched = make_schedule(
+        data.train, ids, seed=cfg.seed, round_=0, purpose="train", batch_size=8, epochs=2
+    )
+    sizes = data.train.sizes()
+    assert out.steps.tolist() == [2 * -(-int(s) // 8) for s in sizes]
+    model = ctx.model
+    for i in range(n):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(ctx.initial_params[name])
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for s in range(int(sched.steps[i])):
+            real = sched.weight[i, s] > 0
+            rows = sched.index[i, s][real]
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(data.train.x[rows]), data.train.y[rows])
+            loss.backward()
+            opt.step()
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(out.params[name][i], p.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_functional_sgd_matches_torch_sgd():
+    torch.manual_seed(0)
+    w = torch.randn(5, 3, requires_grad=True)
+    cfg = SGDConfig(lr=0.1, momentum=0.9, weight_decay=0.01)
+    opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=0.01)
+    from fedshift.engine.sgd import sgd_step
+
+    p, buf = {"w": w.detach().clone()}, {"w": torch.zeros(5, 3)}
+    for _ in range(4):
+        g = torch.randn(5, 3)
+        w.grad = g.clone()
+        opt.step()
+        p, buf = sgd_step(p, {"w": g}, buf, cfg)
+    torch.testing.assert_close(p["w"], w.detach())
+
+
+def test_bytes_are_the_sizes_of_exchanged_tensors():
+    out = run("fedavg", participation=0.5)
+    exp = build_experiment(fs.make_config(algorithm="fedavg", **SETTINGS), data=toy_data())
+    model_bytes = nbytes(exp.ctx.initial_params) + nbytes(exp.ctx.initial_buffers)
+    k = round(0.5 * 7)
+    for rec in out.result.rounds:
+        assert rec.bytes_up == k * model_bytes
+        assert rec.bytes_down == k * model_bytes
+    assert out.result.bytes_up == 3 * k * model_bytes
+    local = run("local")
+    assert local.result.bytes_up == 0 and local.result.bytes_down == 0
+
+
+def test_same_seed_same_metrics_different_seed_differs():
+    a, b, c = run(seed=3), run(seed=3), run(seed=4)
+    assert a.metrics == b.metrics
+    torch.testing.assert_close(a.result.server, b.result.server, rtol=0, atol=0)
+    assert any(not torch.equal(a.result.server[k], c.result.server[k]) for k in a.result.server)
+
+
+def test_fedprox_with_mu_zero_is_fedavg():
+    a = run("fedavg")
+    b = run("fedprox", algorithm_options={"mu": 0.0})
+    for k, v in a.result.server.items():
+        torch.testing.assert_close(b.result.server[k], v)
+    c = run("fedprox", algorithm_options={"mu": 1.0})
+    assert any(not torch.allclose(c.result.server[k], v) for k, v in a.result.server.items())
+
+
+def test_ftfa_without_finetuning_is_fedavg_and_with_it_is_personal():
+    a = run("fedavg")
+    b = run("ftfa", algorithm_options={"finetune_epochs": 0})
+    assert a.metrics == b.metrics
+    c = run("ftfa", algorithm_options={"finetune_epochs": 3})
+    assert c.metrics["per_client"] != a.metrics["per_client"]
+
+
+def test_participation_samples_the_right_number_of_clients():
+    out = run("fedavg", participation=0.3, rounds=4)
+    exp = build_experiment(fs.make_config(algorithm="fedavg", **SETTINGS), data=toy_data())
+    model_bytes = nbytes(exp.ctx.initial_params) + nbytes(exp.ctx.initial_buffers)
+    assert all(r.bytes_up == 2 * model_bytes for r in out.result.rounds)
+
+
+def test_accuracies_are_percentages_and_metrics_consistent():
+    m = run().metrics
+    per_env = list(m["per_env"].values())
+    assert all(0 <= v <= 100 for v in per_env)
+    assert m["worst"] == min(per_env)
+    assert m["average"] == pytest.approx(sum(per_env) / len(per_env))
+    assert m["worst_client"] == min(m["per_client"])
