@@ -43,7 +43,15 @@ def main() -> None:
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--compile", action="store_true")
     args = ap.parse_args()
-    data = fs.scenario("dirichlet", dataset="mnist", clients=20, alpha=0.1, data_dir=args.data_dir)
+    data = fs.scenario(
+        "dirichlet",
+        dataset="mnist",
+        clients=20,
+        alpha=0.1,
+        proportions="per-class",
+        samples=0,
+        data_dir=args.data_dir,
+    )
     sizes = data.train.sizes()
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; client sizes "

@@ -111,8 +111,8 @@ def test_bad_list_kind_and_missing_db(tmp_path):
 def test_toml_config_and_preset(tmp_path):
     cfg = tmp_path / "exp.toml"
     cfg.write_text(
-        'algorithm = "fedprox"\nrounds = 1\n[scenario]\nname = "digits-shortcut"\nclients = 4\n'
-        "[algorithm]\nmu = 0.1\n"
+        'rounds = 1\n[scenario]\nname = "digits-shortcut"\nclients = 4\n'
+        '[algorithm]\nname = "fedprox"\nmu = 0.1\n'
     )
     res = invoke("run", str(cfg), "--db", str(tmp_path / "r.db"), "--json")
     assert res.exit_code == 0, res.output

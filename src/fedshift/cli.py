@@ -54,17 +54,22 @@ def fmt(v) -> str:
 
 
 def summary_table(title: str, rows: list[tuple[str, dict]]) -> Table:
-    """One row per run: accuracy per test environment, worst, average, worst client (%)."""
+    """Accuracy (%) per test environment, then worst, average and worst client; one column
+    per run (environments are rows, so eleven of them still fit a terminal)."""
     envs = list(rows[0][1]["per_env"]) if rows else []
     table = Table(title=title)
-    table.add_column("method")
+    table.add_column("test environment")
+    for name, _ in rows:
+        table.add_column(name, justify="right")
     for e in envs:
-        table.add_column(e, justify="right")
-    for c in ("worst", "average", "worst client"):
-        table.add_column(c, justify="right", style="bold")
-    for name, m in rows:
-        cells = [fmt(m["per_env"].get(e)) for e in envs]
-        table.add_row(name, *cells, fmt(m["worst"]), fmt(m["average"]), fmt(m["worst_client"]))
+        table.add_row(e, *[fmt(m["per_env"].get(e)) for _, m in rows])
+    table.add_section()
+    for key, label in (
+        ("worst", "worst"),
+        ("average", "average"),
+        ("worst_client", "worst client"),
+    ):
+        table.add_row(label, *[fmt(m[key]) for _, m in rows], style="bold")
     return table
 
 
@@ -84,6 +89,8 @@ def progress_bar(total: int, label: str):
     task = progress.add_task(label, total=total, loss="—", acc="—")
 
     def on_round(rec) -> None:
+        if not progress.live.is_started:  # start only once training runs, after validation
+            progress.start()
         fields = {"loss": f"{rec.loss:.4f}"}
         if rec.metrics:
             fields["acc"] = f"{rec.metrics['average']:.1f}%"
@@ -125,8 +132,10 @@ def run(
             overrides[key] = value
     cfg = resolve(source, overrides)
     progress, on_round = progress_bar(cfg.rounds, f"{cfg.algorithm} on {cfg.scenario}")
-    with progress:
+    try:
         outcome = run_api(cfg, db=db, on_round=on_round)
+    finally:
+        progress.stop()
     s = outcome.summary()
     table = summary_table(
         f"run {s['run_id']} — accuracy % (seed {cfg.seed})", [(cfg.algorithm, s["metrics"])]

@@ -30,7 +30,7 @@ def run_demo(out_dir: Path, db: Path, rounds: int, seed: int, progress=None):
         settings = {**DEMO_SETTINGS, **extra, "rounds": rounds, "seed": seed}
         if progress is not None:
             bar, on_round = progress(rounds, label)
-            with bar:
+            try:
                 outcome = run(
                     algorithm=algorithm,
                     scenario="digits-shortcut",
@@ -38,6 +38,8 @@ def run_demo(out_dir: Path, db: Path, rounds: int, seed: int, progress=None):
                     on_round=on_round,
                     **settings,
                 )
+            finally:
+                bar.stop()
         else:
             outcome = run(algorithm=algorithm, scenario="digits-shortcut", db=db, **settings)
         rows.append((label, outcome.metrics))

@@ -1,0 +1,3 @@
+"""Built-in scenarios; importing this package registers them."""
+
+from . import basic, digits_shortcut  # noqa: F401

@@ -1,0 +1,190 @@
+"""Train–train shift scenarios (SPEC §2.1) on MNIST, Fashion-MNIST or scikit-learn digits:
+``iid``, ``dirichlet`` (label shift) and ``pathological`` (few classes per client).
+
+Each client gets one test environment, ``test``, and a validation split, ``val`` (a random
+``val_fraction`` of its training data). For ``iid``/``dirichlet`` a client's test set is
+drawn from the official test set with the label mix of its training data, so it measures
+the client's own distribution; the official test set is split in proportion to client
+sizes. ``pathological`` splits each client's own samples 75/25, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...options import opt, require
+from .. import partition as P
+from ..digits import load_digits
+from ..federated import FederatedData, Split
+from ..idx import load_idx_dataset
+from ..registry import register_scenario
+
+DATASETS = ("mnist", "fmnist", "digits")
+NUM_CLASSES = 10
+
+
+@dataclass
+class _ImageOptions:
+    dataset: str = opt("mnist", "images to use: MNIST, Fashion-MNIST or sklearn digits", DATASETS)
+    clients: int = opt(20, "number of clients")
+    samples: int = opt(0, "use at most this many training images in total (0 = all)")
+    val_fraction: float = opt(0.1, "fraction of each client's training data held out as 'val'")
+    participation: float = opt(1.0, "default fraction of clients sampled per round")
+    download: bool = opt(False, "download missing MNIST/Fashion-MNIST files (off: offline)")
+
+    def __post_init__(self) -> None:
+        require(self.clients >= 1, f"scenario.clients={self.clients} must be at least 1")
+        require(self.samples >= 0, f"scenario.samples={self.samples} must be 0 (all) or more")
+        require(
+            0.0 <= self.val_fraction < 1.0,
+            f"scenario.val_fraction={self.val_fraction} must lie in [0, 1)",
+        )
+        require(
+            0.0 < self.participation <= 1.0,
+            f"scenario.participation={self.participation} must lie in (0, 1]",
+        )
+
+
+@dataclass
+class IIDOptions(_ImageOptions):
+    clients: int = opt(20, "number of clients")
+
+
+@dataclass
+class DirichletOptions(_ImageOptions):
+    clients: int = opt(20, "number of clients (UCFL §V-A: 20 users)")
+    samples: int = opt(10_000, "training images in total, 0 = all (UCFL §V-A: 10k)")
+    alpha: float = opt(0.4, "Dirichlet concentration; smaller = more label skew (UCFL: 0.4)")
+    proportions: str = opt(
+        "per-client",
+        "per-client: each client's label mix ~ Dir(alpha), equal sizes; "
+        "per-class: each class split over clients ~ Dir(alpha), unequal sizes",
+        ("per-client", "per-class"),
+    )
+    min_samples: int = opt(10, "every client gets at least this many training images")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.alpha > 0, f"scenario.alpha={self.alpha} must be positive")
+        require(self.min_samples >= 1, f"scenario.min_samples={self.min_samples} must be >= 1")
+
+
+@dataclass
+class PathologicalOptions(_ImageOptions):
+    clients: int = opt(40, "number of clients (CGPFL §3.8.1: 40)")
+    classes_per_client: int = opt(3, "distinct classes per client (CGPFL: 3)")
+    samples_per_client: list[int] = opt(
+        [400, 5000], "[low, high]: each client's sample count ~ U[low, high] (CGPFL)"
+    )
+    test_fraction: float = opt(0.25, "fraction of each client's samples used for test (0.25)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            1 <= self.classes_per_client <= NUM_CLASSES,
+            f"scenario.classes_per_client={self.classes_per_client} must lie in 1..{NUM_CLASSES}",
+        )
+        lohi = self.samples_per_client
+        require(
+            len(lohi) == 2 and 1 <= lohi[0] <= lohi[1],
+            f"scenario.samples_per_client={lohi} must be [low, high] with 1 <= low <= high",
+        )
+        require(
+            0.0 < self.test_fraction < 1.0,
+            f"scenario.test_fraction={self.test_fraction} must lie in (0, 1)",
+        )
+
+
+def load_images(dataset: str, train: bool, data_dir: Path | None, download: bool):
+    """``(x, y)`` of a dataset split: x uint8 ``[N, 28, 28]`` or float ``[N, 8, 8]``."""
+    if dataset == "digits":
+        return load_digits("train" if train else "test")
+    return load_idx_dataset(dataset, "train" if train else "test", data_dir, download)
+
+
+def _gather(x: torch.Tensor, y: torch.Tensor, part: P.Partition) -> Split:
+    idx = torch.from_numpy(part.indices)
+    xs = x[idx]
+    xs = xs.float().div_(255.0) if xs.dtype == torch.uint8 else xs.float()
+    return Split(xs.unsqueeze(1), y[idx], torch.from_numpy(part.offsets))
+
+
+def _cap(n: int, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """The training images in use: all, or a random subset of ``samples``."""
+    if samples and samples < n:
+        return np.sort(rng.permutation(n)[:samples])
+    return np.arange(n)
+
+
+def _assemble(name, o, seed, x, y, train_part, test_x, test_y, test_part, info) -> FederatedData:
+    train_part, val_part = P.split_fraction(
+        train_part, o.val_fraction, P.make_rng(seed, f"{name}/val")
+    )
+    return FederatedData(
+        name=name,
+        num_classes=NUM_CLASSES,
+        input_shape=(1, *x.shape[1:]),
+        train=_gather(x, y, train_part),
+        test={"test": _gather(test_x, test_y, test_part)},
+        val={"val": _gather(x, y, val_part)},
+        default_model="mlp",
+        participation=o.participation,
+        info={"dataset": o.dataset, **info},
+    )
+
+
+def _label_shift(name: str, o, seed: int, data_dir: Path | None, split_fn) -> FederatedData:
+    """Shared by iid and dirichlet: partition the training images, then draw each client's
+    test set from the official test set with its label mix."""
+    x, y = load_images(o.dataset, True, data_dir, o.download)
+    tx, ty = load_images(o.dataset, False, data_dir, o.download)
+    pool = _cap(len(y), o.samples, P.make_rng(seed, f"{name}/samples"))
+    part = split_fn(y.numpy()[pool], P.make_rng(seed, f"{name}/partition")).remap(pool)
+    totals = P.apportion(len(ty), part.sizes())
+    test_part = P.match_label_mix(
+        part, y.numpy(), ty.numpy(), totals, P.make_rng(seed, f"{name}/test")
+    )
+    info = {"test_set": "official test set, each client's label mix, shared in proportion"}
+    return _assemble(name, o, seed, x, y, part, tx, ty, test_part, info)
+
+
+@register_scenario("iid", IIDOptions, "MNIST/FMNIST/digits shuffled and dealt evenly to clients")
+def build_iid(o: IIDOptions, seed: int, data_dir: Path | None) -> FederatedData:
+    def split(labels, rng):
+        return P.iid(len(labels), o.clients, rng, min_samples=1)
+
+    return _label_shift("iid", o, seed, data_dir, split)
+
+
+@register_scenario(
+    "dirichlet", DirichletOptions, "label shift: client label proportions ~ Dirichlet(alpha)"
+)
+def build_dirichlet(o: DirichletOptions, seed: int, data_dir: Path | None) -> FederatedData:
+    def split(labels, rng):
+        return P.dirichlet(labels, o.clients, o.alpha, rng, o.min_samples, o.proportions)
+
+    return _label_shift("dirichlet", o, seed, data_dir, split)
+
+
+@register_scenario(
+    "pathological",
+    PathologicalOptions,
+    "pathological class split: few classes per client, 400–5000 samples, 75/25 train/test",
+)
+def build_pathological(o: PathologicalOptions, seed: int, data_dir: Path | None) -> FederatedData:
+    x, y = load_images(o.dataset, True, data_dir, o.download)
+    pool = _cap(len(y), o.samples, P.make_rng(seed, "pathological/samples"))
+    train, test = P.pathological(
+        y.numpy()[pool],
+        o.clients,
+        P.make_rng(seed, "pathological/partition"),
+        o.classes_per_client,
+        tuple(o.samples_per_client),
+        o.test_fraction,
+    )
+    info = {"test_set": "each client's own samples, split train/test per client"}
+    return _assemble("pathological", o, seed, x, y, train.remap(pool), x, y, test.remap(pool), info)
