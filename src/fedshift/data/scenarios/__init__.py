@@ -1,3 +1,5 @@
-"""Built-in scenarios; importing this package registers them."""
+"""Built-in scenarios, one module per family; importing this package registers them all."""
 
-from . import basic, digits_shortcut  # noqa: F401
+from ...registry_import import import_submodules
+
+import_submodules(__name__, __path__)
