@@ -134,3 +134,20 @@ def test_contract_smoke_script():
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "contract ok" in res.stdout
+
+
+def test_several_seeds_report_mean_and_std(tmp_path):
+    res = invoke("run", *FAST, "--seeds", "0,1", "--db", str(tmp_path / "r.db"), "--json")
+    assert res.exit_code == 0, res.output
+    s = last_json(res.stdout)
+    assert s["seeds"] == [0, 1] and len(s["run_ids"]) == 2
+    singles = [
+        last_json(
+            invoke("run", *FAST, "--seed", str(k), "--db", str(tmp_path / "r.db"), "--json").stdout
+        )
+        for k in (0, 1)
+    ]
+    worst = [x["metrics"]["worst"] for x in singles]
+    assert s["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
+    assert s["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
+    assert invoke("run", *FAST, "--seeds", "0,x").exit_code == 2

@@ -20,6 +20,7 @@ from typing import Any
 from .config import RunConfig, apply
 from .data import FederatedData, build_scenario
 from .engine.runner import RoundRecord, RunResult
+from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
 from .results.store import RunStore
 
@@ -63,6 +64,28 @@ class RunOutcome:
         except ImportError:
             return rows
         return pd.DataFrame(rows)
+
+
+def seeds_summary(outcomes: list[RunOutcome]) -> dict[str, Any]:
+    """One summary for the same config run with several seeds: ``metrics`` holds the mean
+    over seeds of each number, ``metrics_std`` the standard deviation; costs are totals."""
+    summaries = [o.summary() for o in outcomes]
+    mean, std = over_seeds([s["metrics"] for s in summaries])
+    first = summaries[0]
+    return {
+        "run_id": first["run_id"],
+        "run_ids": [s["run_id"] for s in summaries],
+        "algorithm": first["algorithm"],
+        "scenario": first["scenario"],
+        "rounds": first["rounds"],
+        "seed": first["seed"],
+        "seeds": [s["seed"] for s in summaries],
+        "metrics": mean,
+        "metrics_std": std,
+        "time_s": round(sum(s["time_s"] for s in summaries), 3),
+        "bytes_up": sum(s["bytes_up"] for s in summaries),
+        "bytes_down": sum(s["bytes_down"] for s in summaries),
+    }
 
 
 def scenario(

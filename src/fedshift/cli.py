@@ -53,23 +53,36 @@ def fmt(v) -> str:
     return "—" if v is None else f"{v:.1f}"
 
 
-def summary_table(title: str, rows: list[tuple[str, dict]]) -> Table:
+def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | None = None) -> Table:
     """Accuracy (%) per test environment, then worst, average and worst client; one column
-    per run (environments are rows, so eleven of them still fit a terminal)."""
+    per run (environments are rows, so eleven of them still fit a terminal). With ``std``
+    (one dict per column, same shape as the metrics) cells read ``mean ± std``."""
     envs = list(rows[0][1]["per_env"]) if rows else []
     table = Table(title=title)
     table.add_column("test environment")
     for name, _ in rows:
         table.add_column(name, justify="right")
+
+    def cell(i: int, m: dict, get) -> str:
+        if std is None:
+            return fmt(get(m))
+        return f"{fmt(get(m))} ± {fmt(get(std[i]))}"
+
     for e in envs:
-        table.add_row(e, *[fmt(m["per_env"].get(e)) for _, m in rows])
+        table.add_row(
+            e, *[cell(i, m, lambda d, e=e: d["per_env"].get(e)) for i, (_, m) in enumerate(rows)]
+        )
     table.add_section()
     for key, label in (
         ("worst", "worst"),
         ("average", "average"),
         ("worst_client", "worst client"),
     ):
-        table.add_row(label, *[fmt(m[key]) for _, m in rows], style="bold")
+        table.add_row(
+            label,
+            *[cell(i, m, lambda d, key=key: d[key]) for i, (_, m) in enumerate(rows)],
+            style="bold",
+        )
     return table
 
 
@@ -108,6 +121,9 @@ def run(
     ] = None,
     rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
     seed: Annotated[int | None, typer.Option(help="run seed")] = None,
+    seeds: Annotated[
+        str | None, typer.Option(help="several seeds, e.g. 0,1,2: one run each, mean ± std")
+    ] = None,
     cohort_size: Annotated[
         int | None, typer.Option(help="clients trained together in one batch (0 = all)")
     ] = None,
@@ -116,9 +132,10 @@ def run(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
 ) -> None:
-    """Run one experiment and record it in the run store."""
+    """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
-    from .config import parse_set, resolve
+    from .api import seeds_summary
+    from .config import parse_seeds, parse_set, resolve
 
     overrides = parse_set(set_ or [])
     for key, value in (
@@ -130,24 +147,33 @@ def run(
     ):
         if value is not None:
             overrides[key] = value
-    cfg = resolve(source, overrides)
-    progress, on_round = progress_bar(cfg.rounds, f"{cfg.algorithm} on {cfg.scenario}")
-    try:
-        outcome = run_api(cfg, db=db, on_round=on_round)
-    finally:
-        progress.stop()
-    s = outcome.summary()
-    table = summary_table(
-        f"run {s['run_id']} — accuracy % (seed {cfg.seed})", [(cfg.algorithm, s["metrics"])]
-    )
+    seed_list = parse_seeds(seeds) if seeds is not None else [None]
+    outcomes = []
+    for s in seed_list:
+        cfg = resolve(source, overrides if s is None else {**overrides, "seed": s})
+        label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed})"
+        progress, on_round = progress_bar(cfg.rounds, label)
+        try:
+            outcomes.append(run_api(cfg, db=db, on_round=on_round))
+        finally:
+            progress.stop()
+    if len(outcomes) == 1:
+        summary = outcomes[0].summary()
+        title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
+        table = summary_table(title, [(summary["algorithm"], summary["metrics"])])
+    else:
+        summary = seeds_summary(outcomes)
+        title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
+        table = summary_table(
+            title, [(summary["algorithm"], summary["metrics"])], std=[summary["metrics_std"]]
+        )
     (err if json_ else out).print(table)
     err.print(
-        f"time {s['time_s']:.1f}s, up {s['bytes_up'] / 1e6:.2f} MB,"
-        f" down {s['bytes_down'] / 1e6:.2f} MB;"
-        f" recorded in {db}"
+        f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
+        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {db}"
     )
     if json_:
-        print_json(s)
+        print_json(summary)
 
 
 @app.command("list")

@@ -121,6 +121,17 @@ def parse_set(items: list[str]) -> dict[str, str]:
     return out
 
 
+def parse_seeds(text: str) -> list[int]:
+    """``"0,1,2"`` → ``[0, 1, 2]``; one clear sentence for anything else."""
+    try:
+        seeds = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        seeds = []
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise FedshiftError(f"--seeds {text!r} must be distinct integers separated by commas")
+    return seeds
+
+
 PRESET_PACKAGE = "fedshift.presets"
 
 

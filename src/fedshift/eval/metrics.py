@@ -9,6 +9,7 @@ environments, worst_client = its minimum (UCFL Table II). All values are percent
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -18,13 +19,10 @@ from torch import Tensor
 def summarize(acc: Tensor, env_names: list[str]) -> dict:
     """``acc`` [N, E] in percent with NaN where a client has no data for an environment."""
     a = acc.double().numpy()
-    with np.errstate(all="ignore"):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            per_env_vals = np.nanmean(a, axis=0)
-            per_client_vals = np.nanmean(a, axis=1)
+    with warnings.catch_warnings():  # an all-NaN row/column (no data) is allowed: it gives None
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_env_vals = np.nanmean(a, axis=0)
+        per_client_vals = np.nanmean(a, axis=1)
     per_env = {e: _clean(v) for e, v in zip(env_names, per_env_vals, strict=True)}
     env_ok = [v for v in per_env.values() if v is not None]
     client_ok = [v for v in map(_clean, per_client_vals) if v is not None]
@@ -54,3 +52,20 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if arr.size == 0:
         return float("nan"), float("nan")
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
+
+
+def over_seeds(summaries: list[dict]) -> tuple[dict, dict]:
+    """Mean and standard deviation over seeds of each summary number (worst, average,
+    worst_client, every per_env entry and every per_client entry)."""
+
+    def combine(fn):
+        out = {}
+        for key in ("worst", "average", "worst_client"):
+            out[key] = fn([s[key] for s in summaries])
+        envs = summaries[0]["per_env"]
+        out["per_env"] = {e: fn([s["per_env"][e] for s in summaries]) for e in envs}
+        n = len(summaries[0]["per_client"])
+        out["per_client"] = [fn([s["per_client"][i] for s in summaries]) for i in range(n)]
+        return out
+
+    return combine(lambda v: mean_std(v)[0]), combine(lambda v: mean_std(v)[1])
