@@ -12,6 +12,9 @@ records the run in the run store when ``db`` is given.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +22,9 @@ from typing import Any
 
 from .config import RunConfig, apply
 from .data import FederatedData, build_scenario
-from .engine.runner import RoundRecord, RunResult
+from .engine.checkpoint import load_checkpoint
+from .engine.runner import RoundRecord, RunResult, RunStopped
+from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
 from .results.store import RunStore
@@ -107,6 +112,32 @@ def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
     return apply(cfg, flat).validate()
 
 
+def checkpoint_path(db: str | Path, run_id: str) -> Path:
+    """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store."""
+    return Path(db).parent / "checkpoints" / f"{run_id}.pt"
+
+
+@contextlib.contextmanager
+def stop_on_signals(runner):
+    """SIGINT / SIGTERM ask the runner to finish its round, checkpoint and stop; a second
+    SIGINT interrupts at once. Only the main thread can install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request_stop(signum, frame):
+        if runner.stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        runner.stop_requested = True
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(
     config: RunConfig | None = None,
     *,
@@ -115,7 +146,8 @@ def run(
     on_round=None,
     **settings,
 ) -> RunOutcome:
-    """Run one configuration to the end; with ``db`` the run is recorded in the run store.
+    """Run one configuration to the end; with ``db`` the run is recorded in the run store
+    and checkpointed beside it (``checkpoint_every`` rounds), so it can be resumed.
 
     If the run fails or is interrupted, the store keeps its status, error and the rounds
     it completed, and the exception propagates.
@@ -124,19 +156,61 @@ def run(
     if data is not None and "scenario" not in settings:
         cfg.scenario = data.name
     store = RunStore(db) if db is not None else None
-    run_id = None
+    holder: dict[str, str] = {}
+    exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
+    if store is not None:
+        holder["run_id"] = store.start(cfg.flat(), environment_info(exp.ctx.device))
+    return _execute(exp, store, holder.get("run_id"), None)
 
+
+def resume(
+    run_id: str,
+    db: str | Path,
+    *,
+    data: FederatedData | None = None,
+    on_round=None,
+    data_dir: str | None = None,
+) -> RunOutcome:
+    """Continue an interrupted or failed run from its last checkpoint, with its recorded
+    config; the finished run has the same metrics as an uninterrupted one."""
+    store = RunStore(db)
+    record = store.run(run_id)
+    if record["status"] == "done":
+        raise FedshiftError(f"run {run_id!r} already finished; nothing to resume")
+    cfg = apply(RunConfig(), dict(record["config"])).validate()
+    if data_dir is not None:  # the data may have moved since the run started
+        cfg.data_dir = data_dir
+    exp = build_experiment(cfg, data=data, on_round=_recorder(store, {"run_id": run_id}, on_round))
+    path = checkpoint_path(store.path, run_id)
+    result = exp.runner.load_state_dict(load_checkpoint(path)) if path.exists() else None
+    store.restart(run_id)
+    return _execute(exp, store, run_id, result)
+
+
+def _recorder(store: RunStore | None, holder: dict, on_round):
     def record(rec: RoundRecord) -> None:
         if store is not None:
-            store.log_round(run_id, rec)
+            store.log_round(holder["run_id"], rec)
         if on_round is not None:
             on_round(rec)
 
-    exp = build_experiment(cfg, data=data, on_round=record)
+    return record
+
+
+def _execute(exp, store: RunStore | None, run_id: str | None, result) -> RunOutcome:
+    runner = exp.runner
     if store is not None:
-        run_id = store.start(cfg.flat(), environment_info(exp.ctx.device))
+        runner.checkpoint_path = checkpoint_path(store.path, run_id)
+        runner.checkpoint_every = exp.config.checkpoint_every
     try:
-        result = exp.runner.run()
+        with stop_on_signals(runner):
+            result = runner.run(result)
+    except RunStopped as e:
+        if store is not None:
+            how = f"resume with: fedshift run --resume {run_id} --db {store.path}"
+            store.fail(run_id, "interrupted", f"stopped after round {e.rounds_done}; {how}")
+            e.hint = how
+        raise
     except KeyboardInterrupt:
         if store is not None:
             store.fail(run_id, "interrupted", "interrupted by the user")
@@ -145,7 +219,7 @@ def run(
         if store is not None:
             store.fail(run_id, "failed", "".join(traceback.format_exception_only(e)).strip())
         raise
-    outcome = RunOutcome(run_id, cfg, result)
+    outcome = RunOutcome(run_id, exp.config, result)
     if store is not None:
         store.finish(run_id, result, outcome.summary()["val"])
     return outcome

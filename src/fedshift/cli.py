@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .engine.runner import RunStopped
 from .errors import FedshiftError
 
 app = typer.Typer(
@@ -37,6 +38,10 @@ def user_errors(fn):
         except FedshiftError as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
+        except RunStopped as e:
+            hint = getattr(e, "hint", "")
+            err.print(f"stopped after round {e.rounds_done}; a checkpoint was written; {hint}")
+            raise typer.Exit(130) from None
         except KeyboardInterrupt:
             err.print("interrupted; the run store keeps the rounds finished so far")
             raise typer.Exit(130) from None
@@ -131,12 +136,22 @@ def run(
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    resume: Annotated[
+        str | None, typer.Option(help="continue an interrupted run (RUN_ID) from its checkpoint")
+    ] = None,
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
     from .api import seeds_summary
     from .config import parse_seeds, parse_set, resolve
 
+    if resume is not None:
+        given = [source, set_, rounds, seed, seeds, cohort_size, device]
+        if any(v for v in given if v is not None):
+            raise FedshiftError(
+                "--resume continues a run with its recorded config; give only --db and --json"
+            )
+        return _resume(resume, db, json_, data_dir)
     overrides = parse_set(set_ or [])
     for key, value in (
         ("rounds", rounds),
@@ -176,6 +191,28 @@ def run(
         print_json(summary)
 
 
+def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
+    from .api import resume
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
+    from .results.store import RunStore
+
+    total = RunStore(db).run(run_id)["rounds"]
+    progress, on_round = progress_bar(total, f"resuming {run_id}")
+    try:
+        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir)
+    finally:
+        progress.stop()
+    summary = outcome.summary()
+    title = f"run {run_id} (resumed) — accuracy % (seed {summary['seed']})"
+    (err if json_ else out).print(
+        summary_table(title, [(summary["algorithm"], summary["metrics"])])
+    )
+    if json_:
+        print_json(summary)
+
+
 @app.command("list")
 @user_errors
 def list_(
@@ -206,6 +243,7 @@ def runs(
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
 ) -> None:
     """List the runs recorded in the run store."""
+    from .api import checkpoint_path
     from .results.store import RunStore
 
     if not db.exists():
@@ -219,6 +257,7 @@ def runs(
             "seed": r["seed"],
             "rounds": r["rounds"],
             "rounds_done": r["rounds_done"],
+            "resumable": r["status"] != "done" and checkpoint_path(db, r["run_id"]).exists(),
             "created": r["created"],
             "metrics": {
                 k: (r["metrics"] or {}).get(k) for k in ("worst", "average", "worst_client")

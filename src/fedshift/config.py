@@ -22,6 +22,7 @@ from .errors import FedshiftError
 from .options import _convert, require
 
 SECTIONS = ("algorithm", "scenario", "model")
+ALIASES = {"checkpoint.every": "checkpoint_every"}
 
 
 @dataclass
@@ -41,6 +42,7 @@ class RunConfig:
     clients_per_round: int = 0  # > 0: sample this many clients instead of a rate
     cohort_size: int = 0  # 0 = all sampled clients in one batched cohort
     eval_every: int = 0  # 0 = about ten evaluations per run
+    checkpoint_every: int = 10  # rounds between checkpoints (0 = only at the end / on stop)
     device: str = "cpu"
     compile: bool = False
     data_dir: str = ""
@@ -65,6 +67,7 @@ class RunConfig:
             self.cohort_size >= 0, f"cohort_size must be >= 0 (0 = all), got {self.cohort_size}"
         )
         require(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
+        require(self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0 = end/stop only)")
         require(
             self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps",
             f"device {self.device!r} is not supported; use cpu, cuda, cuda:N or mps",
@@ -100,6 +103,7 @@ def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     """Apply dotted ``values`` (strings from the CLI or TOML values) to ``cfg`` in place."""
     hints = typing.get_type_hints(RunConfig)
     for key, raw in values.items():
+        key = ALIASES.get(key, key)
         sec, _, sub = key.partition(".")
         if sub and sec in SECTIONS:
             getattr(cfg, f"{sec}_options")[sub] = raw

@@ -6,9 +6,11 @@ contract of ``fedshift.algorithms.base`` and never iterate themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -17,6 +19,7 @@ from ..algorithms.base import Algorithm, RoundInfo
 from ..data.federated import Split
 from ..eval.evaluate import correct_counts
 from ..eval.metrics import accuracy_percent, summarize
+from .checkpoint import save_checkpoint
 from .context import Context
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
@@ -72,6 +75,10 @@ class Runner:
         self.eval_every = eval_every
         self.on_round = on_round
         self.server = algorithm.init()
+        self.start_round = 0
+        self.checkpoint_path: Path | None = None
+        self.checkpoint_every = 0
+        self.stop_requested = False
         self.store = ClientStore(
             algorithm.init_client_state(self.server), n, state_device or ctx.device
         )
@@ -128,13 +135,47 @@ class Runner:
             val = summarize(val_acc, list(data.val))["average"]
         return acc, summary, val_acc, val
 
-    def run(self) -> RunResult:
-        result = RunResult(
-            env_names=self.ctx.data.test_env_names, val_names=list(self.ctx.data.val)
-        )
-        t_start = time.perf_counter()
-        self.server = self.alg.before_training(self.server)
-        for r in range(self.rounds):
+    def state_dict(self, result: RunResult, rounds_done: int) -> dict:
+        """Everything needed to continue after ``rounds_done`` rounds (see checkpoint.py)."""
+        return {
+            "rounds_done": rounds_done,
+            "server": {k: v.cpu() for k, v in self.server.items()},
+            "clients": None
+            if self.store.state is None
+            else {k: v.cpu() for k, v in self.store.state.items()},
+            "records": [dataclasses.asdict(r) for r in result.rounds],
+            "time_s": result.time_s,
+            "bytes_up": result.bytes_up,
+            "bytes_down": result.bytes_down,
+        }
+
+    def load_state_dict(self, state: dict) -> RunResult:
+        dev = self.ctx.device
+        self.server = {k: v.to(dev) for k, v in state["server"].items()}
+        if state["clients"] is not None:
+            self.store.state = {k: v.to(self.store.device) for k, v in state["clients"].items()}
+        result = self.new_result()
+        result.rounds = [RoundRecord(**r) for r in state["records"]]
+        result.time_s, result.bytes_up = state["time_s"], state["bytes_up"]
+        result.bytes_down = state["bytes_down"]
+        self.start_round = state["rounds_done"]
+        return result
+
+    def new_result(self) -> RunResult:
+        return RunResult(env_names=self.ctx.data.test_env_names, val_names=list(self.ctx.data.val))
+
+    def run(self, result: RunResult | None = None) -> RunResult:
+        """Train from ``self.start_round`` (0, or where a loaded checkpoint left off).
+
+        After each round: evaluate when due, report the round, write a checkpoint every
+        ``checkpoint_every`` rounds, and stop cleanly (checkpoint, then :class:`RunStopped`)
+        when ``stop_requested`` was set, e.g. by a signal handler.
+        """
+        result = result or self.new_result()
+        t_start = time.perf_counter() - result.time_s
+        if self.start_round == 0:
+            self.server = self.alg.before_training(self.server)
+        for r in range(self.start_round, self.rounds):
             rec = self.train_round(r)
             last = r == self.rounds - 1
             if last or (self.eval_every and (r + 1) % self.eval_every == 0):
@@ -145,10 +186,24 @@ class Runner:
             result.rounds.append(rec)
             result.bytes_up += rec.bytes_up
             result.bytes_down += rec.bytes_down
+            result.time_s = time.perf_counter() - t_start
             if self.on_round:
                 self.on_round(rec)
+            due = self.checkpoint_every and (r + 1) % self.checkpoint_every == 0
+            if self.checkpoint_path and (due or last or self.stop_requested):
+                save_checkpoint(self.checkpoint_path, self.state_dict(result, r + 1))
+            if self.stop_requested and not last:
+                raise RunStopped(r + 1)
         if self.rounds == 0:
             result.accuracy, result.metrics, result.val_accuracy, _ = self.evaluate(0)
         result.time_s = time.perf_counter() - t_start
         result.server = self.server
         return result
+
+
+class RunStopped(Exception):
+    """Training stopped on request after ``rounds_done`` rounds; a checkpoint was written."""
+
+    def __init__(self, rounds_done: int) -> None:
+        super().__init__(f"stopped after round {rounds_done}")
+        self.rounds_done = rounds_done

@@ -105,6 +105,7 @@ class RunStore:
         return run_id
 
     def log_round(self, run_id: str, rec) -> None:
+        """Record one round (idempotent: a resumed run may log a round again)."""
         with closing(self._connect()) as conn, conn:
             conn.execute(
                 "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?)",
@@ -120,9 +121,18 @@ class RunStore:
                 ),
             )
             conn.execute(
-                "UPDATE runs SET rounds_done=?, bytes_up=bytes_up+?, bytes_down=bytes_down+? "
-                "WHERE run_id=?",
-                (rec.round, rec.bytes_up, rec.bytes_down, run_id),
+                "UPDATE runs SET rounds_done=?, bytes_up=(SELECT SUM(bytes_up) FROM rounds"
+                " WHERE run_id=? AND round<=?), bytes_down=(SELECT SUM(bytes_down) FROM rounds"
+                " WHERE run_id=? AND round<=?) WHERE run_id=?",
+                (rec.round, run_id, rec.round, run_id, rec.round, run_id),
+            )
+
+    def restart(self, run_id: str) -> None:
+        """Mark a run as running again (resume)."""
+        with closing(self._connect()) as conn, conn:
+            conn.execute(
+                "UPDATE runs SET status='running', finished=NULL, error=NULL WHERE run_id=?",
+                (run_id,),
             )
 
     def finish(self, run_id: str, result, val: float | None) -> None:
