@@ -12,6 +12,18 @@ def _first_line(doc: str | None) -> str:
     return (doc or "").strip().splitlines()[0].strip() if doc else ""
 
 
+def _entries(registry) -> list[dict]:
+    """Name, help line and options of every entry of a scenario or model registry."""
+    return [
+        {
+            "name": n,
+            "help": registry.get(n).help,
+            "options": describe_options(registry.get(n).options),
+        }
+        for n in registry.names()
+    ]
+
+
 def catalog(what: str) -> list[dict]:
     if what == "algorithms":
         from .algorithms import ALGORITHMS
@@ -28,25 +40,11 @@ def catalog(what: str) -> list[dict]:
     if what == "scenarios":
         from .data import SCENARIOS
 
-        return [
-            {
-                "name": n,
-                "help": SCENARIOS.get(n).help,
-                "options": describe_options(SCENARIOS.get(n).options),
-            }
-            for n in SCENARIOS.names()
-        ]
+        return _entries(SCENARIOS)
     if what == "models":
         from .models import MODELS
 
-        return [
-            {
-                "name": n,
-                "help": MODELS.get(n).help,
-                "options": describe_options(MODELS.get(n).options),
-            }
-            for n in MODELS.names()
-        ]
+        return _entries(MODELS)
     if what == "presets":
         from .config import preset_names, preset_text
 
