@@ -287,6 +287,45 @@ def runs(
 
 @app.command()
 @user_errors
+def report(
+    run_ids: Annotated[list[str], typer.Argument(help="one or more run ids")],
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
+    format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
+) -> None:
+    """Write a Markdown or HTML report with plots for past runs (from the run store)."""
+    from .results.report import write_report
+    from .results.store import RunStore
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
+    path = write_report(RunStore(db), run_ids, out_dir, format_)
+    out.print(f"report written to {path}")
+
+
+@app.command()
+@user_errors
+def compare(
+    run_ids: Annotated[list[str], typer.Argument(help="two or more run ids")],
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
+        "fedshift-compare"
+    ),
+) -> None:
+    """Several runs in one table (per test environment, worst, average) and one plot."""
+    from .results.report import load_runs, plot_per_env, run_label
+    from .results.store import RunStore
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
+    runs = load_runs(RunStore(db), run_ids)
+    out.print(summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs]))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out.print(f"plot written to {plot_per_env(runs, out_dir / 'accuracy_per_env.png')}")
+
+
+@app.command()
+@user_errors
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-demo"

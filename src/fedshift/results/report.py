@@ -1,0 +1,188 @@
+"""`fedshift report` / `fedshift compare`: Markdown or HTML reports with plots, built from
+the run store only, so they work for any past run."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from ..errors import FedshiftError  # noqa: E402
+from .plots import _env_x  # noqa: E402
+from .store import RunStore  # noqa: E402
+
+
+def run_label(run: dict) -> str:
+    cfg = run["config"]
+    label = f"{run['algorithm']} ({run['run_id']})"
+    return label + (", oracle data" if cfg.get("scenario.oracle") else "")
+
+
+def load_runs(store: RunStore, run_ids: list[str]) -> list[dict]:
+    runs = [store.run(r) for r in run_ids]
+    unfinished = [r["run_id"] for r in runs if not r["metrics"]]
+    if unfinished:
+        raise FedshiftError(f"runs {', '.join(unfinished)} have no final metrics yet (not done)")
+    return runs
+
+
+def _legend_below(ax) -> None:
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_per_env(runs: list[dict], path: Path) -> Path:
+    """Accuracy against the test-environment parameter; oracle runs dashed."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for run in runs:
+        per_env = run["metrics"]["per_env"]
+        x, numeric = _env_x(list(per_env))
+        style = "--" if run["config"].get("scenario.oracle") else "-"
+        ax.plot(x, list(per_env.values()), style, marker="o", label=run_label(run))
+    names = list(runs[0]["metrics"]["per_env"])
+    x, numeric = _env_x(names)
+    if not numeric:
+        ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set(xlabel="test environment", ylabel="test accuracy (%)", ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    _legend_below(ax)
+    return _save(fig, path)
+
+
+def plot_over_training(runs: list[dict], path: Path, by: str) -> Path:
+    """Average (solid) and worst (dotted) accuracy against rounds or communicated MB."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for run in runs:
+        xs, avg, worst, total = [], [], [], 0
+        for r in run["round_metrics"]:
+            total += r["bytes_up"] + r["bytes_down"]
+            if r["metrics"]:
+                xs.append(r["round"] if by == "round" else total / 1e6)
+                avg.append(r["metrics"]["average"])
+                worst.append(r["metrics"]["worst"])
+        (line,) = ax.plot(xs, avg, marker=".", label=f"{run_label(run)} average")
+        ax.plot(xs, worst, ":", color=line.get_color(), label=f"{run_label(run)} worst")
+    ax.set(
+        xlabel="round" if by == "round" else "communicated MB (up + down)",
+        ylabel="test accuracy (%)",
+        ylim=(0, 100),
+    )
+    ax.grid(alpha=0.3)
+    _legend_below(ax)
+    return _save(fig, path)
+
+
+def plot_per_client(runs: list[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 5))
+    width = 0.8 / len(runs)
+    for i, run in enumerate(runs):
+        vals = [v if v is not None else 0.0 for v in run["metrics"]["per_client"]]
+        ax.bar([c + i * width for c in range(len(vals))], vals, width, label=run_label(run))
+    n = len(runs[0]["metrics"]["per_client"])
+    ax.set_xticks([c + 0.4 - width / 2 for c in range(n)], [str(c) for c in range(n)])
+    ax.set(xlabel="client", ylabel="accuracy, mean over test envs (%)", ylim=(0, 100))
+    _legend_below(ax)
+    return _save(fig, path)
+
+
+def _fmt(v) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
+def tables(runs: list[dict]) -> tuple[list[str], list[list[str]], list[str], list[list[str]]]:
+    head = ["run", "scenario", "seed", "rounds", "worst", "average", "worst client", "time s", "MB"]
+    rows = [
+        [
+            run_label(r),
+            r["scenario"],
+            str(r["seed"]),
+            f"{r['rounds_done']}/{r['rounds']}",
+            _fmt(r["metrics"]["worst"]),
+            _fmt(r["metrics"]["average"]),
+            _fmt(r["metrics"]["worst_client"]),
+            f"{r['time_s'] or 0:.1f}",
+            f"{(r['bytes_up'] + r['bytes_down']) / 1e6:.1f}",
+        ]
+        for r in runs
+    ]
+    envs = list(runs[0]["metrics"]["per_env"])
+    env_head = ["test environment"] + [run_label(r) for r in runs]
+    env_rows = [[e] + [_fmt(r["metrics"]["per_env"].get(e)) for r in runs] for e in envs]
+    return head, rows, env_head, env_rows
+
+
+def _md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _html_table(head: list[str], rows: list[list[str]]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+FIGURES = [
+    ("accuracy_per_env.png", "Accuracy per test environment", plot_per_env),
+    (
+        "accuracy_per_round.png",
+        "Accuracy over rounds",
+        lambda r, p: plot_over_training(r, p, "round"),
+    ),
+    (
+        "accuracy_per_mb.png",
+        "Accuracy against communication",
+        lambda r, p: plot_over_training(r, p, "bytes"),
+    ),
+    ("accuracy_per_client.png", "Accuracy per client", plot_per_client),
+]
+
+
+def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: str = "md") -> Path:
+    if fmt not in ("md", "html"):
+        raise FedshiftError(f"report format {fmt!r} is not supported; use md or html")
+    runs = load_runs(store, run_ids)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [(title, fn(runs, out / name).name) for name, title, fn in FIGURES]
+    head, rows, env_head, env_rows = tables(runs)
+    title = f"fedshift report: {', '.join(run_ids)}"
+    if fmt == "md":
+        parts = [
+            f"# {title}",
+            "Accuracies in %; worst/average over test environments of the "
+            "client-averaged accuracy.",
+            _md_table(head, rows),
+            _md_table(env_head, env_rows),
+        ]
+        parts += [f"## {t}\n\n![{t}]({f})" for t, f in figures]
+        path = out / "report.md"
+        path.write_text("\n\n".join(parts) + "\n")
+    else:
+        parts = [
+            f"<h1>{html.escape(title)}</h1>",
+            _html_table(head, rows),
+            _html_table(env_head, env_rows),
+        ]
+        parts += [
+            f"<h2>{html.escape(t)}</h2><img src='{f}' alt='{html.escape(t)}'>" for t, f in figures
+        ]
+        path = out / "report.html"
+        path.write_text(
+            "<!doctype html><meta charset='utf-8'><title>fedshift report</title>"
+            "<style>td,th{padding:2px 8px;text-align:right}</style>" + "".join(parts)
+        )
+    return path

@@ -1,0 +1,42 @@
+"""Reports and comparisons are built from the run store alone and render real images."""
+
+from __future__ import annotations
+
+from PIL import Image
+from toy import toy_data
+from typer.testing import CliRunner
+
+import fedshift as fs
+from fedshift.cli import app
+
+SETTINGS = dict(lr=0.1, batch_size=8, rounds=3, eval_every=1, model_options={"hidden": [8]})
+
+
+def test_report_and_compare_from_the_run_store(tmp_path):
+    db = tmp_path / "runs.db"
+    ids = [
+        fs.run(algorithm=a, data=toy_data(), db=db, **SETTINGS).run_id for a in ("fedavg", "local")
+    ]
+    runner = CliRunner()
+    for fmt, name in (("md", "report.md"), ("html", "report.html")):
+        out = tmp_path / fmt
+        res = runner.invoke(
+            app, ["report", *ids, "--db", str(db), "--out", str(out), "--format", fmt]
+        )
+        assert res.exit_code == 0, res.output
+        text = (out / name).read_text()
+        assert all(i in text for i in ids) and "accuracy_per_env.png" in text
+        for png in (
+            "accuracy_per_env",
+            "accuracy_per_round",
+            "accuracy_per_mb",
+            "accuracy_per_client",
+        ):
+            with Image.open(out / f"{png}.png") as im:
+                assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10
+    res = runner.invoke(app, ["compare", *ids, "--db", str(db), "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 0 and (tmp_path / "cmp" / "accuracy_per_env.png").stat().st_size > 0
+    bad = runner.invoke(app, ["report", "nosuchrun", "--db", str(db)])
+    assert bad.exit_code == 2 and "nosuchrun" in bad.output
+    bad = runner.invoke(app, ["report", ids[0], "--db", str(db), "--format", "pdf"])
+    assert bad.exit_code == 2 and "pdf" in bad.output
