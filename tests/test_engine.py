@@ -131,3 +131,27 @@ def test_accuracies_are_percentages_and_metrics_consistent():
     assert m["worst"] == min(per_env)
     assert m["average"] == pytest.approx(sum(per_env) / len(per_env))
     assert m["worst_client"] == min(m["per_client"])
+
+
+def test_noise_extras_keep_cohort_invariance():
+    """A stochastic objective (noise added to the logits) gives the same result batched."""
+    data = toy_data()
+    results = []
+    for size in (1, 0):
+        exp = build_experiment(
+            fs.make_config(algorithm="fedavg", cohort_size=size, **SETTINGS), data=data
+        )
+        ctx = exp.ctx
+
+        def noisy_loss(params, buffers, extras, x, y, w, ctx=ctx):
+            logits = ctx.forward(params, buffers, x) + extras["eps"]
+            return fs.algorithms.common.losses.cross_entropy(logits, y, w)
+
+        outs = []
+        for chunk in exp.runner.chunks(torch.arange(data.num_clients)):
+            cohort = ctx.cohort(chunk, 0)
+            p, b = stack(ctx.initial_params, len(chunk)), stack(ctx.initial_buffers, len(chunk))
+            outs.append(ctx.train(noisy_loss, p, b, cohort, noise={"eps": (8, 3)}).params)
+        results.append({k: torch.cat([o[k] for o in outs]) for k in outs[0]})
+    for k, v in results[0].items():
+        torch.testing.assert_close(results[1][k], v, rtol=1e-5, atol=1e-6)

@@ -12,6 +12,7 @@ from torch import Tensor
 from ..data.federated import FederatedData, Split
 from ..models.base import FedModel
 from .local import LocalTrainer, LossFn, TrainResult
+from .rng import torch_seed
 from .schedule import Schedule, make_schedule
 from .sgd import SGDConfig
 from .tree import Tree
@@ -87,9 +88,22 @@ class Context:
         shared: Tree | None = None,
         per_client: Tree | None = None,
         trainable: Callable[[str], bool] | None = None,
+        noise: dict[str, tuple[int, ...]] | None = None,
     ) -> TrainResult:
-        """Train stacked ``params`` of the cohort on each client's own training data."""
+        """Train stacked ``params`` of the cohort on each client's own training data.
+
+        ``noise`` (name → shape): per-step standard-normal extras, seeded per client by
+        (seed, round, client, purpose), for objectives that sample (see LocalTrainer.train).
+        """
         sched = self.schedule(cohort, purpose, epochs, steps)
+        generators = None
+        if noise:
+            generators = [
+                torch.Generator().manual_seed(
+                    torch_seed(self.seed, cohort.round, c, purpose + "/noise")
+                )
+                for c in cohort.ids.tolist()
+            ]
         return self.trainer.train(
             loss_fn,
             params,
@@ -100,4 +114,6 @@ class Context:
             shared=shared,
             per_client=per_client,
             trainable=trainable,
+            noise=noise,
+            generators=generators,
         )

@@ -78,8 +78,16 @@ class LocalTrainer:
         shared: Tree | None = None,
         per_client: Tree | None = None,
         trainable: Callable[[str], bool] | None = None,
+        noise: dict[str, tuple[int, ...]] | None = None,
+        generators: list[torch.Generator] | None = None,
     ) -> TrainResult:
-        """Run every client's own schedule; returns new stacked params and buffers."""
+        """Run every client's own schedule; returns new stacked params and buffers.
+
+        ``noise`` (name → shape) adds fresh standard-normal tensors to each client's extras
+        at every step, drawn from that client's own ``generators[i]`` (one per client, in
+        cohort order), so stochastic objectives (e.g. FedSR's sampled representation) stay
+        independent of the cohort size: vmap itself forbids random ops in the step.
+        """
         device = next(iter(params.values())).device
         order = torch.argsort(schedule.steps, descending=True, stable=True)
         inverse = torch.argsort(order)
@@ -98,13 +106,17 @@ class LocalTrainer:
         active_counts = [(steps > s).sum().item() for s in range(schedule.max_steps)]
         for s, k in enumerate(active_counts):
             rows = idx[:k, s]
+            extras = take(pc, slice(0, k))
+            for name, shape in (noise or {}).items():
+                draws = [torch.randn(shape, generator=generators[int(order[j])]) for j in range(k)]
+                extras[name] = torch.stack(draws).to(device)
             new, mom, loss = step(
                 take(trained, slice(0, k)),
                 take(frozen, slice(0, k)),
                 take(bufs, slice(0, k)),
                 take(momentum, slice(0, k)),
                 shared or {},
-                take(pc, slice(0, k)),
+                extras,
                 split.x[rows],
                 split.y[rows],
                 wgt[:k, s],
