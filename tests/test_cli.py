@@ -151,3 +151,14 @@ def test_several_seeds_report_mean_and_std(tmp_path):
     assert s["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
     assert s["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
     assert invoke("run", *FAST, "--seeds", "0,x").exit_code == 2
+
+
+def test_describe_scenario_lists_every_client():
+    res = invoke("describe", "scenario", "digits-shortcut", "--set", "clients=4", "--json")
+    assert res.exit_code == 0, res.output
+    info = last_json(res.stdout)
+    assert info["clients"] == 4 and len(info["per_client"]) == 4
+    assert info["test_envs"][0] == "p=0.0" and all(c["train_envs"] for c in info["per_client"])
+    assert sum(c["train"] for c in info["per_client"]) > 0
+    assert invoke("describe", "scenario", "nope").exit_code == 2
+    assert invoke("describe", "algorithm", "fedavg").exit_code == 2

@@ -287,6 +287,52 @@ def runs(
 
 @app.command()
 @user_errors
+def describe(
+    what: Annotated[str, typer.Argument(help="scenario")],
+    name: Annotated[str, typer.Argument(help="scenario name")],
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="scenario option: key=value")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="scenario seed")] = 0,
+    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
+) -> None:
+    """Per-client sizes, classes and environments of a scenario."""
+    from .config import parse_set
+    from .data import build_scenario
+    from .data.describe import describe as describe_data
+
+    if what != "scenario":
+        raise FedshiftError(f"cannot describe {what!r}; use: fedshift describe scenario NAME")
+    options = {k.removeprefix("scenario."): v for k, v in parse_set(set_ or []).items()}
+    info = describe_data(build_scenario(name, options, seed, data_dir))
+    if json_:
+        print_json(info)
+        return
+    out.print(
+        f"[bold]{info['name']}[/bold]: {info['clients']} clients, {info['num_classes']} classes, "
+        f"input {tuple(info['input_shape'])}, model {info['default_model']}, participation "
+        f"{info['participation']}; train envs {info['train_envs'] or '—'}; val {info['val_envs']}; "
+        f"test {info['test_envs']}"
+    )
+    table = Table()
+    for col in ("client", "train", "classes", "train envs", "val", "test (per env)"):
+        table.add_column(col)
+    for c in info["per_client"]:
+        tests = sorted(set(c["test"].values()))
+        table.add_row(
+            str(c["client"]),
+            str(c["train"]),
+            ",".join(map(str, c["classes"])),
+            ",".join(c["train_envs"]) or "—",
+            str(sum(c["val"].values())),
+            "/".join(map(str, tests)),
+        )
+    out.print(table)
+
+
+@app.command()
+@user_errors
 def report(
     run_ids: Annotated[list[str], typer.Argument(help="one or more run ids")],
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
