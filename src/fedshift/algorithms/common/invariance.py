@@ -1,0 +1,31 @@
+"""Invariance terms shared by the OOD baselines (IRM†, GroupDRO†, …) and later methods
+(PerInvFL). Each acts on ONE client's tensors; the trainer vmaps them over the cohort."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.func import grad
+
+from .losses import cross_entropy
+
+
+def irmv1_penalty(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
+    """IRMv1 penalty of Arjovsky et al. (2019, eq. 3): ‖∇_{s=1} R(s·f)‖², with a dummy scalar
+    classifier s multiplying the logits; differentiable again (double back-prop)."""
+    scale = torch.ones((), dtype=logits.dtype)
+    g = grad(lambda s: cross_entropy(s * logits, y, w))(scale)
+    return g**2
+
+
+def irm_weight(round_: Tensor, anneal_rounds: int, lambda_: float) -> Tensor:
+    """Penalty weight of the IRM reference code: 1 for the first ``anneal_rounds``, then λ."""
+    return torch.where(round_ < anneal_rounds, torch.ones(()), torch.full((), lambda_))
+
+
+def groupdro_weights(q: Tensor, ids: Tensor, losses: Tensor, eta_q: float) -> Tensor:
+    """GroupDRO's online weight step (Sagawa et al. 2020, Algorithm 1): q_g ← q_g·exp(η_q·ℓ_g)
+    for the groups ``ids`` seen this round, then q normalised over all groups."""
+    q = q.clone()
+    q[ids] = q[ids] * torch.exp(eta_q * losses)
+    return q / q.sum()
