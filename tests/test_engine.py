@@ -155,3 +155,23 @@ def test_noise_extras_keep_cohort_invariance():
         results.append({k: torch.cat([o[k] for o in outs]) for k in outs[0]})
     for k, v in results[0].items():
         torch.testing.assert_close(results[1][k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_loss_sees_the_environment_id_of_each_minibatch_sample():
+    """Training data with environment ids hand each client's loss ``extras["env"]``."""
+    data = toy_data()
+    data.train.env = (data.train.y * 7 + 3) % 5  # any deterministic per-sample id
+    cfg = fs.make_config(algorithm="fedavg", **{**SETTINGS, "rounds": 1})
+    exp = build_experiment(cfg, data=data)
+    ctx = exp.ctx
+    cohort = ctx.cohort(torch.arange(data.num_clients), 0)
+    n = len(cohort)
+
+    def loss(params, buffers, extras, x, y, w):
+        mismatch = ((extras["env"] - (y * 7 + 3) % 5).abs() * w).sum()
+        logits = ctx.forward(params, buffers, x)
+        return torch.nn.functional.cross_entropy(logits, y) * 0 + mismatch
+
+    params, buffers = stack(ctx.initial_params, n), stack(ctx.initial_buffers, n)
+    out = ctx.train(loss, params, buffers, cohort, shared={})
+    assert out.loss.abs().max().item() == 0.0

@@ -83,6 +83,8 @@ class LocalTrainer:
     ) -> TrainResult:
         """Run every client's own schedule; returns new stacked params and buffers.
 
+        When ``split`` has environment ids, each client's extras carry ``env`` ([B], the
+        environment of each minibatch sample) for methods that need them (FedSDR, DRFA …).
         ``noise`` (name → shape) adds fresh standard-normal tensors to each client's extras
         at every step, drawn from that client's own ``generators[i]`` (one per client, in
         cohort order), so stochastic objectives (e.g. FedSR's sampled representation) stay
@@ -107,6 +109,8 @@ class LocalTrainer:
         for s, k in enumerate(active_counts):
             rows = idx[:k, s]
             extras = take(pc, slice(0, k))
+            if split.env is not None:
+                extras["env"] = split.env[rows]  # [k, B] environment id of each sample
             for name, shape in (noise or {}).items():
                 draws = [torch.randn(shape, generator=generators[int(order[j])]) for j in range(k)]
                 extras[name] = torch.stack(draws).to(device)
