@@ -47,3 +47,28 @@ def test_failed_run_keeps_its_rounds_and_error(tmp_path, monkeypatch):
 def test_unknown_run_id_is_a_clear_error(tmp_path):
     with pytest.raises(fs.errors.FedshiftError, match="no run"):
         RunStore(tmp_path / "x.db").run("abc")
+
+
+def test_per_round_log_of_an_algorithm_reaches_the_store(tmp_path, monkeypatch):
+    """What ``aggregate`` writes into ``info.log`` is kept with the round, as plain JSON."""
+    import torch
+
+    from fedshift.algorithms.fedavg import FedAvg
+
+    original = FedAvg.aggregate
+
+    def logging_aggregate(self, server, uploads, info):
+        info.log["participants"] = info.ids
+        info.log["mean_weight"] = info.num_examples.mean()
+        return original(self, server, uploads, info)
+
+    monkeypatch.setattr(FedAvg, "aggregate", logging_aggregate)
+    db = tmp_path / "runs.db"
+    out = fs.run(algorithm="fedavg", data=toy_data(), db=db, **SETTINGS)
+    rounds = RunStore(db).run(out.run_id)["round_metrics"]
+    sizes = toy_data().train.sizes().float()
+    for r in rounds:
+        assert r["extras"]["participants"] == list(range(7))
+        assert r["extras"]["mean_weight"] == pytest.approx(float(sizes.mean()))
+    assert out.result.rounds[0].extras["participants"] == list(range(7))
+    assert torch.is_tensor(out.result.server["p/head.weight"])

@@ -55,11 +55,17 @@ class ClientResult:
 
 @dataclass
 class RoundInfo:
-    """The participants of a round, in the order their uploads are stacked."""
+    """The participants of a round, in the order their uploads are stacked.
+
+    ``log`` collects per-round figures an algorithm wants recorded (UCFL's simulated time,
+    FedIPG's contributions C_i^t, chosen cluster counts …): name → number or list of
+    numbers (tensors are converted). The runner stores it with the round's record.
+    """
 
     ids: Tensor
     num_examples: Tensor
     round: int
+    log: dict = field(default_factory=dict)
 
 
 @dataclass

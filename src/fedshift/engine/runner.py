@@ -36,6 +36,7 @@ class RoundRecord:
     time_s: float
     metrics: dict | None = None  # test summary when evaluated this round
     val: float | None = None  # mean validation accuracy when evaluated
+    extras: dict = field(default_factory=dict)  # per-round figures logged by the algorithm
 
 
 @dataclass
@@ -104,10 +105,13 @@ class Runner:
             weights.append(result.num_examples)
             losses.append(result.loss.detach().cpu())
         w = torch.cat(weights).cpu().float()
-        self.server = self.alg.aggregate(self.server, concat(uploads), RoundInfo(ids, w, r))
+        info = RoundInfo(ids, w, r)
+        self.server = self.alg.aggregate(self.server, concat(uploads), info)
         loss = torch.cat(losses)
         mean_loss = float((loss * w).sum() / w.sum().clamp(min=1e-12))
-        return RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
+        rec = RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
+        rec.extras = plain(info.log)
+        return rec
 
     def accuracy(self, splits: dict[str, Split], round_: int) -> Tensor:
         """[N, E] percent accuracy of every client's predictor on each split."""
@@ -199,6 +203,17 @@ class Runner:
         result.time_s = time.perf_counter() - t_start
         result.server = self.server
         return result
+
+
+def plain(value):
+    """Tensors and numpy values → Python numbers and lists, so a round's log is JSON."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
 
 
 class RunStopped(Exception):

@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     time_s REAL NOT NULL,
     metrics TEXT,
     val REAL,
+    extras TEXT,
     PRIMARY KEY (run_id, round)
 );
 CREATE TABLE IF NOT EXISTS client_accuracy (
@@ -75,6 +76,9 @@ class RunStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with closing(self._connect()) as conn, conn:
                 conn.executescript(SCHEMA)
+                cols = {r["name"] for r in conn.execute("PRAGMA table_info(rounds)")}
+                if "extras" not in cols:  # a store written before per-round extras existed
+                    conn.execute("ALTER TABLE rounds ADD COLUMN extras TEXT")
         except (OSError, sqlite3.Error) as e:
             raise FedshiftError(f"cannot open the run store {str(self.path)!r}: {e}") from None
 
@@ -108,7 +112,8 @@ class RunStore:
         """Record one round (idempotent: a resumed run may log a round again)."""
         with closing(self._connect()) as conn, conn:
             conn.execute(
-                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?)",
+                "INSERT OR REPLACE INTO rounds (run_id, round, loss, bytes_up, bytes_down,"
+                " time_s, metrics, val, extras) VALUES (?,?,?,?,?,?,?,?,?)",
                 (
                     run_id,
                     rec.round,
@@ -118,6 +123,7 @@ class RunStore:
                     rec.time_s,
                     json.dumps(rec.metrics) if rec.metrics else None,
                     _num(rec.val),
+                    json.dumps(rec.extras) if getattr(rec, "extras", None) else None,
                 ),
             )
             conn.execute(
@@ -173,7 +179,11 @@ class RunStore:
                 raise FedshiftError(f"no run {run_id!r} in {str(self.path)!r}")
             out = self._row(row)
             out["round_metrics"] = [
-                {**dict(r), "metrics": json.loads(r["metrics"]) if r["metrics"] else None}
+                {
+                    **dict(r),
+                    "metrics": json.loads(r["metrics"]) if r["metrics"] else None,
+                    "extras": json.loads(r["extras"]) if r["extras"] else {},
+                }
                 for r in conn.execute(
                     "SELECT * FROM rounds WHERE run_id=? ORDER BY round", (run_id,)
                 )
