@@ -402,3 +402,23 @@ def test_bgcolor_mnist_one_colour_per_client(shared_datasets):
             assert torch.allclose(corner, colours[i].expand_as(corner))
     assert same(d, build_scenario("bgcolor-mnist", {"image_size": 14}, 0, shared_datasets))
     assert not same(d, build_scenario("bgcolor-mnist", {"image_size": 14}, 1, shared_datasets))
+
+
+@pytest.mark.slow
+def test_fedavg_learns_the_cmnist_shortcut_and_the_oracle_is_flat(shared_datasets):
+    import fedshift as fs
+
+    def curve(oracle: bool) -> list[float]:
+        data = build_scenario(
+            "cmnist",
+            {"samples": 20_000, "test_samples": 4000, "oracle": oracle},
+            0,
+            shared_datasets,
+        )
+        out = fs.run(algorithm="fedavg", data=data, rounds=5, seed=0)
+        return [out.metrics["per_env"][f"p={i / 10}"] for i in range(11)]
+
+    shortcut = curve(False)
+    assert shortcut[-1] - shortcut[0] > 30.0, shortcut
+    flat = curve(True)
+    assert max(flat) - min(flat) < 15.0, flat
