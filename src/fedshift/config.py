@@ -21,7 +21,7 @@ import tomllib
 from .errors import FedshiftError
 from .options import _convert, require
 
-SECTIONS = ("algorithm", "scenario", "model")
+SECTIONS = ("algorithm", "scenario", "model", "faults")
 ALIASES = {"checkpoint.every": "checkpoint_every"}
 
 
@@ -49,6 +49,7 @@ class RunConfig:
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     scenario_options: dict[str, Any] = field(default_factory=dict)
     model_options: dict[str, Any] = field(default_factory=dict)
+    faults_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
         require(self.rounds >= 0, f"rounds must be >= 0, got {self.rounds}")
