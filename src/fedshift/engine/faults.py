@@ -92,7 +92,8 @@ def screen(upload: Tree, opts: FaultOptions) -> list[str | None]:
     finite = norms[torch.isfinite(norms)]
     if opts.max_norm > 0 and finite.numel() > 0:
         limit = opts.max_norm * float(finite.median())
-        verdict = [v or ("norm" if float(n) > limit else None) for v, n in zip(verdict, norms)]
+        over = [float(n) > limit for n in norms]
+        verdict = [v or ("norm" if o else None) for v, o in zip(verdict, over, strict=True)]
     return verdict
 
 

@@ -17,8 +17,8 @@ from torch import Tensor
 
 from ..algorithms.base import Algorithm, RoundInfo
 from ..data.federated import Split
-from ..eval.evaluate import correct_counts
 from ..errors import FedshiftError
+from ..eval.evaluate import correct_counts
 from ..eval.metrics import accuracy_percent, summarize
 from .checkpoint import save_checkpoint
 from .context import Context
