@@ -69,6 +69,7 @@ def test_corrupted_upload_is_excluded_like_a_lost_one():
     assert events(corrupted, "corrupted") == [(r, 2, "corrupted") for r in range(1, 5)]
     assert events(corrupted, "nonfinite") == [(r, 2, "nonfinite") for r in range(1, 5)]
     assert events(dropped) == [(r, 2, "dropped") for r in range(1, 5)]
+    assert corrupted.summary()["events"] == {"corrupted": 4, "nonfinite": 4}
     for k, v in dropped.result.server.items():
         torch.testing.assert_close(corrupted.result.server[k], v)
 
