@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
+import os
+
+# ../shared/datasets beside the checkout (CI), else the data root named by $FEDSHIFT_DATA
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+if not SHARED_DATASETS.is_dir() and os.environ.get("FEDSHIFT_DATA"):
+    SHARED_DATASETS = Path(os.environ["FEDSHIFT_DATA"])
 
 
 @pytest.fixture(scope="session")
