@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-
-import os
 
 # ../shared/datasets beside the checkout (CI), else the data root named by $FEDSHIFT_DATA
 SHARED_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
