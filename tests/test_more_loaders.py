@@ -405,3 +405,22 @@ def test_waterbirds_perinvfl_variant(tmp_path):
     assert d.num_clients == 4 and list(d.test) == [f"p={p}" for p in (0.1, 0.2, 0.3, 0.4, 0.5)]
     assert d.info["client_train_env"] == ["p=0.95", "p=0.9", "p=0.85", "p=0.8"]
     assert d.train.sizes().max() <= 40 and d.test["p=0.1"].sizes().max() <= 10
+
+
+def test_waterbirds_partitions_dealt_over_clients(tmp_path):
+    _waterbirds(tmp_path / "waterbirds" / "waterbird_complete95_forest2water2")
+    opts = dict(
+        partitions=2,
+        waterbird_species=[2, 3],
+        landbird_species=[2, 4],
+        image_size=8,
+        test_fraction=0.5,
+        data_dir=tmp_path,
+    )
+    base = fs.scenario("waterbirds", **opts)
+    split = fs.scenario("waterbirds", clients=6, **opts)
+    assert base.num_clients == 2 and split.num_clients == 6
+    # the 3 clients of a partition hold exactly that partition's data
+    sizes = split.train.sizes().view(2, 3).sum(1)
+    assert sizes.tolist() == base.train.sizes().tolist()
+    assert split.info["client_train_env"][:3] == [base.info["client_train_env"][0]] * 3

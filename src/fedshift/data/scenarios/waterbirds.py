@@ -58,7 +58,16 @@ VARIANTS = {
 @dataclass
 class WaterbirdsOptions:
     variant: str = opt("thesis", "thesis (8 clients, species split) or perinvfl", tuple(VARIANTS))
-    clients: int = opt(0, "clients (0 = the variant's: thesis 8, perinvfl 4)")
+    clients: int = opt(
+        0,
+        "clients (0 = partitions); a multiple of partitions splits each "
+        "partition's data over clients / partitions clients",
+    )
+    partitions: int = opt(
+        0,
+        "base partitions, one training environment each (0 = thesis 8, "
+        "perinvfl 4); thesis §4.5.7: 80 clients = 8 partitions × 10",
+    )
     p_train: list[float] = opt([], "training environments (empty = thesis [0.95, 0.85])")
     p_test: list[float] = opt([], "test environments (empty = thesis 0.0…1.0, perinvfl 0.1…0.5)")
     p_val: float = opt(0.1, "validation environment (model selection, never test)")
@@ -72,7 +81,8 @@ class WaterbirdsOptions:
 
     def __post_init__(self) -> None:
         v = VARIANTS[self.variant]
-        self.clients = self.clients or v["clients"]
+        self.partitions = self.partitions or v["clients"]
+        self.clients = self.clients or self.partitions
         self.p_train = list(self.p_train) or list(v["p_train"])
         self.p_test = list(self.p_test) or list(v["p_test"])
         require(self.clients >= 1, f"scenario.clients={self.clients} must be at least 1")
@@ -95,9 +105,13 @@ class WaterbirdsOptions:
         require(0.0 < self.participation <= 1.0, "scenario.participation must lie in (0, 1]")
         if self.variant == "perinvfl":
             require(
-                len(self.p_train) == self.clients,
-                f"scenario.p_train must list one value per client ({self.clients})",
+                len(self.p_train) == self.partitions,
+                f"scenario.p_train must list one value per partition ({self.partitions})",
             )
+        require(
+            self.partitions >= 1 and self.clients % self.partitions == 0,
+            f"scenario.clients={self.clients} must be a multiple of partitions={self.partitions}",
+        )
 
 
 def _choose(idx: np.ndarray, y: np.ndarray, place: np.ndarray, p: float, n: dict | None, rng):
@@ -125,7 +139,7 @@ def _species_pools(meta, o, seed) -> list[np.ndarray]:
         order = np.argsort(meta.species, kind="stable")  # species-ordered, as CUB's list
         n = len(order)
         pools = []
-        for k in range(o.clients):
+        for k in range(o.partitions):
             lo, hi = PERINVFL_RANGES[k % len(PERINVFL_RANGES)]
             a = int(round(lo / PERINVFL_TOTAL * n))
             b = int(round((hi + 1) / PERINVFL_TOTAL * n))
@@ -145,10 +159,10 @@ def _species_pools(meta, o, seed) -> list[np.ndarray]:
             np.concatenate([common, rest[(k * own + np.arange(own)) % len(rest)]])
             if own
             else common
-            for k in range(o.clients)
+            for k in range(o.partitions)
         ]
         chosen.append(per_client)
-    for k in range(o.clients):
+    for k in range(o.partitions):
         sp = np.concatenate([chosen[0][k], chosen[1][k]])
         pools.append(np.flatnonzero(np.isin(meta.species, sp)))
     return pools
@@ -164,11 +178,11 @@ def build_waterbirds(o: WaterbirdsOptions, seed: int, data_dir: Path | None) -> 
     y, place = meta.y, meta.place
     pools = _species_pools(meta, o, seed)
     if o.variant == "perinvfl":
-        client_env = np.arange(o.clients) % len(o.p_train)
+        client_env = np.arange(o.partitions) % len(o.p_train)
     else:
-        order = P.make_rng(seed, "waterbirds/envs").permutation(o.clients)
-        client_env = np.empty(o.clients, dtype=np.int64)
-        client_env[order] = np.arange(o.clients) % len(o.p_train)
+        order = P.make_rng(seed, "waterbirds/envs").permutation(o.partitions)
+        client_env = np.empty(o.partitions, dtype=np.int64)
+        client_env[order] = np.arange(o.partitions) % len(o.p_train)
 
     train_idx, val_idx, tests = [], [], []
     for k, pool in enumerate(pools):
@@ -219,6 +233,20 @@ def build_waterbirds(o: WaterbirdsOptions, seed: int, data_dir: Path | None) -> 
         _choose(v, y, place, o.p_val, n, P.make_rng(seed, "waterbirds/val", k)) if len(v) else v
         for k, (v, n) in enumerate(zip(val_idx, val_n, strict=True))
     ]
+    if o.clients > o.partitions:  # thesis §4.5.7: deal each partition over `ways` clients
+        ways = o.clients // o.partitions
+
+        def deal(sets, purpose):
+            out = []
+            for k, ix in enumerate(sets):
+                perm = P.make_rng(seed, f"waterbirds/deal/{purpose}", k).permutation(ix)
+                out += [np.sort(part) for part in np.array_split(perm, ways)]
+            return out
+
+        train_idx = deal(train_idx, "train")
+        val_sets = deal(val_sets, "val")
+        env_sets = {name: deal(sets, name) for name, sets in env_sets.items()}
+        client_env = np.repeat(client_env, ways)
     used = np.unique(
         np.concatenate(train_idx + val_sets + [i for s in env_sets.values() for i in s])
     )
