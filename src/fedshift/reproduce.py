@@ -46,11 +46,12 @@ from __future__ import annotations
 
 import itertools
 import math
-import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from .config import RunConfig, _flatten, apply
 from .errors import FedshiftError
@@ -235,6 +236,14 @@ def run_table(
         raise FedshiftError(
             f"table {table.id} needs algorithms that are not registered: {', '.join(missing)}; "
             "run the others with --skip-missing"
+        )
+    from .data import SCENARIOS
+
+    scenario = RunConfig().scenario if "scenario" not in table.run else table.run["scenario"]
+    if scenario not in SCENARIOS:
+        raise FedshiftError(
+            f"table {table.id} needs scenario {scenario!r}, which is not registered; "
+            f"available: {', '.join(SCENARIOS.names())}"
         )
     methods = [m for m in table.methods if m.algorithm not in missing]
     skipped = [m.name for m in table.methods if m.algorithm in missing]
