@@ -506,7 +506,8 @@ def reproduce(
         cells = []
         for m in metrics:
             pub, ours, sd = r["published"].get(m), r["ours"][m], r["ours_std"][m]
-            cells.append(f"{fmt(pub)} / {fmt(ours)} ± {fmt(sd)}")
+            spread = "" if sd is None else f" ± {fmt(sd)}"
+            cells.append(f"{fmt(pub)} / {fmt(ours)}{spread}")
         rows.add_row(r["name"], *cells)
     (err if json_ else out).print(rows)
     for m, c in result["comparison"].items():

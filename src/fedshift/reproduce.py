@@ -298,6 +298,8 @@ def run_table(
         mean, std = {}, {}
         for key in METRICS:
             mean[key], std[key] = _mean_std([s[key] for s in per_seed])
+            if k == 1:  # one seed: no spread to report
+                std[key] = None
         envs = list(per_seed[0]["per_env"])
         per_env = {e: _mean_std([s["per_env"].get(e) for s in per_seed])[0] for e in envs}
         results.append(MethodResult(m, run_ids, per_seed, mean, std, per_env))
