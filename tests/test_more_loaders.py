@@ -373,6 +373,7 @@ def test_waterbirds_thesis_variant_on_fixture(tmp_path):
     _waterbirds(tmp_path / "waterbirds" / "waterbird_complete95_forest2water2")
     opts = dict(
         clients=4,
+        partitions=4,
         waterbird_species=[2, 3],
         landbird_species=[2, 4],
         image_size=8,
