@@ -31,5 +31,4 @@ class FedProx(FedAvg):
 
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
-        # over the keys of params: extras may also carry "env" (environment ids)
-        return risk + 0.5 * self.hp.mu * squared_distance(anchor, params)
+        return risk + 0.5 * self.hp.mu * squared_distance(params, anchor)
