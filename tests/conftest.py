@@ -15,7 +15,12 @@ if not SHARED_DATASETS.is_dir() and os.environ.get("FEDSHIFT_DATA"):
 
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
-    """The data root holding ``mnist/`` and ``fashion_mnist/`` (skips when absent)."""
-    if not SHARED_DATASETS.is_dir():
-        pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")
-    return SHARED_DATASETS
+    """The data root holding ``mnist/``, ``fashion_mnist/`` and ``pacs_small/`` (beside the
+    repository, else ``$FEDSHIFT_DATA`` when it holds them, as in a git worktree; skips when
+    absent)."""
+    if SHARED_DATASETS.is_dir():
+        return SHARED_DATASETS
+    env = Path(os.environ.get("FEDSHIFT_DATA", "") or "/nonexistent")
+    if (env / "mnist").is_dir():
+        return env
+    pytest.skip(f"shared datasets not found at {SHARED_DATASETS}")

@@ -56,7 +56,8 @@ def test_real_idx_files(shared_datasets, loader, n_train, n_test):
 
 
 def test_real_files_have_canonical_md5(shared_datasets):
-    for key, spec in root.DATASETS.items():
+    for key in ("mnist", "fashion_mnist"):  # the datasets shared/datasets holds
+        spec = root.DATASETS[key]
         paths = dataset_files(key, data_dir=shared_datasets)
         for name, path in paths.items():
             assert file_md5(path) == spec.md5[name]

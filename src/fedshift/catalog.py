@@ -51,7 +51,19 @@ def catalog(what: str) -> list[dict]:
         return [
             {"name": n, "help": _first_line(preset_text(n).lstrip("# ")), "options": []}
             for n in preset_names()
-        ]
+        ] + _tables()
     raise FedshiftError(
         f"cannot list {what!r}; choose one of: algorithms, scenarios, presets, models"
     )
+
+
+def _tables() -> list[dict]:
+    """Paper tables (``configs/``), listed with the presets; run with `fedshift reproduce`."""
+    from .reproduce import load_table, table_names
+
+    out = []
+    for n in table_names():
+        t = load_table(n)
+        help = f"reproduce {t.source}: {t.title} (fedshift reproduce {n})"
+        out.append({"name": n, "help": help, "options": [], "kind": "table"})
+    return out

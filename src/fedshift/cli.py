@@ -456,6 +456,68 @@ def demo(
     out.print(f"plot written to {plot}")
 
 
+@app.command()
+@user_errors
+def reproduce(
+    table: Annotated[str, typer.Argument(help="table id (fedshift list presets) or TOML file")],
+    seeds: Annotated[
+        int | None, typer.Option(help="seeds per method (default: the table's)")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="override the table's rounds")] = None,
+    quick: Annotated[
+        bool, typer.Option(help="smoke-sized run: the table's [quick] settings")
+    ] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    skip_missing: Annotated[
+        bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")
+    ] = False,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+) -> None:
+    """Re-run a paper table: every method, same partitions, K seeds; report beside the
+    published numbers with the ordering compared."""
+    from .reproduce import reproduce as reproduce_table
+
+    extra = {k: v for k, v in (("device", device), ("data_dir", data_dir)) if v is not None}
+
+    def progress(total, label):
+        bar, on_round = progress_bar(total, label)
+        return on_round, bar.stop
+
+    result = reproduce_table(
+        table,
+        seeds=seeds,
+        rounds=rounds,
+        quick=quick,
+        out_dir=out_dir,
+        db=db,
+        skip_missing=skip_missing,
+        extra=extra,
+        progress=progress,
+    )
+    metrics = list(result["comparison"])
+    rows = Table(title=f"{result['table']}: published / ours (accuracy %)")
+    rows.add_column("method")
+    for m in metrics:
+        rows.add_column(m, justify="right")
+    for r in result["methods"]:
+        cells = []
+        for m in metrics:
+            pub, ours, sd = r["published"].get(m), r["ours"][m], r["ours_std"][m]
+            spread = "" if sd is None else f" ± {fmt(sd)}"
+            cells.append(f"{fmt(pub)} / {fmt(ours)}{spread}")
+        rows.add_row(r["name"], *cells)
+    (err if json_ else out).print(rows)
+    for m, c in result["comparison"].items():
+        rho = "—" if c["spearman"] is None else f"{c['spearman']:.2f}"
+        err.print(f"{m}: Spearman {rho}; published gaps kept {c['gaps_held']}/{len(c['gaps'])}")
+    err.print(f"report written to {result['report']}")
+    if json_:
+        print_json(result)
+
+
 def main() -> None:
     app()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tarfile
 import tempfile
 import urllib.error
 import urllib.request
@@ -42,14 +43,20 @@ class DatasetFiles:
 
     A file is fetched from ``mirror + name`` for each mirror in turn. ``raw_names`` lists,
     for a compressed file, the names its un-compressed copy may have (no md5 is known for
-    those, so their readers must check the contents instead).
+    those, so their readers must check the contents instead). An md5 of ``None`` means no
+    canonical checksum is published for that file: its reader checks the structure.
+    Names may contain ``/`` (files in a sub-folder). With ``archive = (name, md5)`` the
+    files are not downloaded one by one: the archive is fetched from the mirrors (checked
+    against its md5) and unpacked into the folder (tar, tar.gz or zip).
     """
 
     title: str
     folder: str
-    md5: Mapping[str, str]
+    md5: Mapping[str, str | None]
     mirrors: tuple[str, ...] = ()
     raw_names: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    archive: tuple[str, str] | None = None
+    layout: str = ""  # shown in the missing-files error, e.g. "cifar-10-batches-py/…"
 
 
 def _idx_raw_names(files: Mapping[str, str]) -> dict[str, tuple[str, ...]]:
@@ -113,7 +120,9 @@ def file_md5(path: Path) -> str:
     return _MD5_CACHE[key]
 
 
-def _check_md5(path: Path, expected: str, title: str) -> None:
+def _check_md5(path: Path, expected: str | None, title: str) -> None:
+    if expected is None:  # no canonical checksum: the reader checks the structure
+        return
     got = file_md5(path)
     if got != expected:
         raise FedshiftError(
@@ -122,13 +131,15 @@ def _check_md5(path: Path, expected: str, title: str) -> None:
         )
 
 
-def _download(spec: DatasetFiles, name: str, folder: Path) -> Path:
-    """Fetch ``name`` into ``folder`` from the first mirror that serves the canonical file."""
+def _download(spec: DatasetFiles, name: str, folder: Path, expected: str | None = None) -> Path:
+    """Fetch ``name`` into ``folder`` from the first mirror that serves the canonical file
+    (md5 ``expected``, by default the spec's; ``None``: any file, the reader checks it)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise FedshiftError(f"cannot create {folder} to download {name} into ({e})") from None
-    expected = spec.md5[name]
+    if expected is None:
+        expected = spec.md5.get(name)
     errors = []
     for mirror in spec.mirrors:
         url = mirror + name
@@ -141,10 +152,11 @@ def _download(spec: DatasetFiles, name: str, folder: Path) -> Path:
                     for block in iter(lambda r=resp: r.read(1 << 20), b""):
                         h.update(block)
                         out.write(block)
-            if h.hexdigest() != expected:
+            if expected is not None and h.hexdigest() != expected:
                 errors.append(f"{url} gave md5 {h.hexdigest()}, expected {expected}")
                 continue
             target = folder / name
+            target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, target)
             tmp = None
             return target
@@ -194,15 +206,61 @@ def dataset_files(
         else:
             missing.append(name)
     if missing and download:
+        if spec.archive is not None:
+            _fetch_archive(spec, folder)
+            return dataset_files(spec, names, data_dir, download=False)
         for name in missing:
             found[name] = _download(spec, name, folder)
         missing = []
     if missing:
         them = "them" if len(missing) > 1 else "it"
+        how = spec.layout or "gzipped or not"
         raise FedshiftError(
             f"{spec.title} file{'s' if len(missing) > 1 else ''} {', '.join(missing)} not "
-            f"found in {folder}; put {them} there (gzipped or not), point the data root at a "
+            f"found in {folder}; put {them} there ({how}), point the data root at a "
             f"folder holding {spec.folder}/ ({ENV_VAR} or --data-dir), or allow downloading "
             "(download=True, on the CLI --set scenario.download=true)"
         )
     return {name: found[name] for name in names}
+
+
+def _fetch_archive(spec: DatasetFiles, folder: Path) -> None:
+    """Download ``spec.archive`` (md5-checked) into ``folder`` and unpack it there."""
+    name, md5 = spec.archive
+    path = folder / name
+    if not (path.is_file() and file_md5(path) == md5):
+        path = _download(spec, name, folder, md5)
+    extract_archive(path, folder)
+
+
+def extract_archive(path: Path, into: Path) -> None:
+    """Unpack a tar / tar.gz / zip archive into ``into``, refusing members that would land
+    outside it (absolute paths, ``..``, links)."""
+    import zipfile
+
+    into = into.resolve()
+
+    def safe(member: str) -> None:
+        target = (into / member).resolve()
+        if into != target and into not in target.parents:
+            raise FedshiftError(f"archive {path} holds {member!r}, which lies outside {into}")
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                for m in z.namelist():
+                    safe(m)
+                z.extractall(into)
+            return
+        with tarfile.open(path) as t:
+            members = t.getmembers()
+            for m in members:
+                safe(m.name)
+                if not (m.isfile() or m.isdir()):
+                    raise FedshiftError(f"archive {path} holds {m.name!r}, not a file or folder")
+            if hasattr(tarfile, "data_filter"):  # Python ≥ 3.11.4: also strip odd modes
+                t.extractall(into, members=members, filter="data")
+            else:
+                t.extractall(into, members=members)
+    except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError) as e:
+        raise FedshiftError(f"cannot unpack {path} ({e})") from None

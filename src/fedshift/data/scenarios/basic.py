@@ -1,5 +1,7 @@
-"""Train–train shift scenarios (SPEC §2.1) on MNIST, Fashion-MNIST or scikit-learn digits:
-``iid``, ``dirichlet`` (label shift) and ``pathological`` (few classes per client).
+"""Train–train shift scenarios (SPEC §2.1) on MNIST, Fashion-MNIST, scikit-learn digits,
+CIFAR-10 or EMNIST: ``iid``, ``dirichlet`` (label shift) and ``pathological`` (few classes
+per client). CIFAR-10 images are ``3×32×32``; EMNIST uses the split ``emnist_split``
+(balanced: 47 classes, letters: 26, digits: 10) — UCFL's character/digit task.
 
 Each client gets one test environment, ``test``, and a validation split, ``val`` (a random
 ``val_fraction`` of its training data). For ``iid``/``dirichlet`` a client's test set is
@@ -18,23 +20,35 @@ import torch
 
 from ...options import opt, require
 from .. import partition as P
+from ..cifar import load_cifar10
 from ..digits import load_digits
+from ..emnist import SPLITS as EMNIST_SPLITS
+from ..emnist import load_emnist
 from ..federated import FederatedData, Split
 from ..idx import load_idx_dataset
 from ..registry import register_scenario
 
-DATASETS = ("mnist", "fmnist", "digits")
+DATASETS = ("mnist", "fmnist", "digits", "cifar10", "emnist")
 NUM_CLASSES = 10
+
+
+def num_classes(dataset: str, emnist_split: str = "balanced") -> int:
+    return EMNIST_SPLITS[emnist_split][0] if dataset == "emnist" else NUM_CLASSES
 
 
 @dataclass
 class _ImageOptions:
-    dataset: str = opt("mnist", "images to use: MNIST, Fashion-MNIST or sklearn digits", DATASETS)
+    dataset: str = opt(
+        "mnist", "images: MNIST, Fashion-MNIST, sklearn digits, CIFAR-10 or EMNIST", DATASETS
+    )
+    emnist_split: str = opt(
+        "balanced", "EMNIST split when dataset = emnist", ("balanced", "letters", "digits")
+    )
     clients: int = opt(20, "number of clients")
     samples: int = opt(0, "use at most this many training images in total (0 = all)")
     val_fraction: float = opt(0.1, "fraction of each client's training data held out as 'val'")
     participation: float = opt(1.0, "default fraction of clients sampled per round")
-    download: bool = opt(False, "download missing MNIST/Fashion-MNIST files (off: offline)")
+    download: bool = opt(False, "download missing dataset files (off: offline)")
 
     def __post_init__(self) -> None:
         require(self.clients >= 1, f"scenario.clients={self.clients} must be at least 1")
@@ -84,9 +98,10 @@ class PathologicalOptions(_ImageOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        k = num_classes(self.dataset, self.emnist_split)
         require(
-            1 <= self.classes_per_client <= NUM_CLASSES,
-            f"scenario.classes_per_client={self.classes_per_client} must lie in 1..{NUM_CLASSES}",
+            1 <= self.classes_per_client <= k,
+            f"scenario.classes_per_client={self.classes_per_client} must lie in 1..{k}",
         )
         lohi = self.samples_per_client
         require(
@@ -99,10 +114,17 @@ class PathologicalOptions(_ImageOptions):
         )
 
 
-def load_images(dataset: str, train: bool, data_dir: Path | None, download: bool):
-    """``(x, y)`` of a dataset split: x uint8 ``[N, 28, 28]`` or float ``[N, 8, 8]``."""
+def load_images(
+    dataset: str, train: bool, data_dir: Path | None, download: bool, emnist_split="balanced"
+):
+    """``(x, y)`` of a dataset split: x uint8 ``[N, 28, 28]`` / ``[N, 3, 32, 32]`` (CIFAR-10)
+    or float ``[N, 8, 8]`` (digits)."""
     if dataset == "digits":
         return load_digits("train" if train else "test")
+    if dataset == "cifar10":
+        return load_cifar10(data_dir, train, download)
+    if dataset == "emnist":
+        return load_emnist(emnist_split, data_dir, train, download)
     return load_idx_dataset(dataset, "train" if train else "test", data_dir, download)
 
 
@@ -110,7 +132,9 @@ def _gather(x: torch.Tensor, y: torch.Tensor, part: P.Partition) -> Split:
     idx = torch.from_numpy(part.indices)
     xs = x[idx]
     xs = xs.float().div_(255.0) if xs.dtype == torch.uint8 else xs.float()
-    return Split(xs.unsqueeze(1), y[idx], torch.from_numpy(part.offsets))
+    if xs.dim() == 3:  # grey images get a channel axis
+        xs = xs.unsqueeze(1)
+    return Split(xs, y[idx], torch.from_numpy(part.offsets))
 
 
 def _cap(n: int, samples: int, rng: np.random.Generator) -> np.ndarray:
@@ -126,12 +150,12 @@ def _assemble(name, o, seed, x, y, train_part, test_x, test_y, test_part, info) 
     )
     return FederatedData(
         name=name,
-        num_classes=NUM_CLASSES,
-        input_shape=(1, *x.shape[1:]),
+        num_classes=num_classes(o.dataset, o.emnist_split),
+        input_shape=(1, *x.shape[1:]) if x.dim() == 3 else tuple(x.shape[1:]),
         train=_gather(x, y, train_part),
         test={"test": _gather(test_x, test_y, test_part)},
         val={"val": _gather(x, y, val_part)},
-        default_model="mlp",
+        default_model="fedavg-cnn" if o.dataset == "cifar10" else "mlp",
         participation=o.participation,
         info={"dataset": o.dataset, **info},
     )
@@ -140,8 +164,8 @@ def _assemble(name, o, seed, x, y, train_part, test_x, test_y, test_part, info) 
 def _label_shift(name: str, o, seed: int, data_dir: Path | None, split_fn) -> FederatedData:
     """Shared by iid and dirichlet: partition the training images, then draw each client's
     test set from the official test set with its label mix."""
-    x, y = load_images(o.dataset, True, data_dir, o.download)
-    tx, ty = load_images(o.dataset, False, data_dir, o.download)
+    x, y = load_images(o.dataset, True, data_dir, o.download, o.emnist_split)
+    tx, ty = load_images(o.dataset, False, data_dir, o.download, o.emnist_split)
     pool = _cap(len(y), o.samples, P.make_rng(seed, f"{name}/samples"))
     part = split_fn(y.numpy()[pool], P.make_rng(seed, f"{name}/partition")).remap(pool)
     totals = P.apportion(len(ty), part.sizes())
@@ -176,7 +200,7 @@ def build_dirichlet(o: DirichletOptions, seed: int, data_dir: Path | None) -> Fe
     "pathological class split: few classes per client, 400–5000 samples, 75/25 train/test",
 )
 def build_pathological(o: PathologicalOptions, seed: int, data_dir: Path | None) -> FederatedData:
-    x, y = load_images(o.dataset, True, data_dir, o.download)
+    x, y = load_images(o.dataset, True, data_dir, o.download, o.emnist_split)
     pool = _cap(len(y), o.samples, P.make_rng(seed, "pathological/samples"))
     train, test = P.pathological(
         y.numpy()[pool],

@@ -1,0 +1,565 @@
+"""`fedshift reproduce TABLE_ID`: re-run one of the papers' tables and put our numbers
+beside the published ones.
+
+A table is data, one TOML file per paper table in ``configs/`` (shipped inside the package
+as ``fedshift/configs``)::
+
+    [table]
+    id = "thesis-5.1-cmnist8"          # the file name without .toml
+    title = "..."                        # one line
+    source = "thesis Table 5.1"
+    metrics = ["worst", "average"]      # the published metrics (worst, average,
+                                         # worst_client; "accuracy" = average)
+    seeds = 3                            # default K (--seeds overrides)
+    gap = 5.0                            # published gaps ≥ this are checked as claims
+    scenario_seed = 0                    # optional: one partition for every seed
+
+    [run]                                # RunConfig keys shared by every method
+    rounds = 600
+    [run.scenario]                       # the scenario and its options
+    name = "cmnist"
+    clients = 8
+
+    [quick]                              # overrides for --quick (a smoke-sized run)
+    rounds = 3
+
+    [sweep]                              # optional: one run per value, e.g. PACS's held-out
+    key = "scenario.held_out"            # domains; the runs' average accuracies become the
+    values = ["art_painting", "sketch"]  # table's environments (worst / average over them)
+
+    [[method]]
+    name = "FedProx"                     # the paper's row label
+    algorithm = "fedprox"                # registry name
+    options = { mu = 0.01 }             # algorithm options
+    set = { lr = 0.05 }                 # optional per-method RunConfig overrides
+    published = { worst = 3.4, average = 51.0 }
+
+Every method runs on the same partitions: for seed k all methods use the scenario built
+with seed k (or ``scenario_seed`` when set), built once and shared. Each run is recorded
+in the run store; the report (Markdown, with plots) gives our mean ± std over seeds beside
+the published number, the rank correlation of the two orderings (Spearman and Kendall,
+SciPy) and, for every pair of methods whose published numbers differ by at least ``gap``
+points, whether our numbers keep that order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from .config import RunConfig, _flatten, apply
+from .errors import FedshiftError
+from .eval.metrics import mean_std
+
+CONFIG_PACKAGE = "fedshift.configs"
+METRICS = ("worst", "average", "worst_client")
+ALIASES = {"accuracy": "average"}
+
+
+@dataclass
+class Method:
+    name: str
+    algorithm: str
+    options: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    published: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Table:
+    id: str
+    title: str
+    source: str
+    metrics: list[str]
+    run: dict[str, Any]
+    methods: list[Method]
+    seeds: int = 1
+    gap: float = 5.0
+    scenario_seed: int | None = None
+    quick: dict[str, Any] = field(default_factory=dict)
+    sweep_key: str | None = None
+    sweep_values: list[Any] = field(default_factory=list)
+    notes: str = ""
+
+
+# ---------------------------------------------------------------- loading
+
+
+def table_names() -> list[str]:
+    files = resources.files(CONFIG_PACKAGE)
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
+
+
+def table_text(name: str) -> str:
+    return resources.files(CONFIG_PACKAGE).joinpath(f"{name}.toml").read_text()
+
+
+def load_table(source: str) -> Table:
+    """A table by id (``fedshift/configs/<id>.toml``) or from a TOML file path."""
+    path = Path(source)
+    if path.suffix == ".toml":
+        if not path.is_file():
+            raise FedshiftError(f"table file {source!r} does not exist")
+        text, default_id = path.read_text(), path.stem
+    elif source in table_names():
+        text, default_id = table_text(source), source
+    else:
+        raise FedshiftError(
+            f"unknown table {source!r}; choose one of: {', '.join(table_names())} "
+            "(or give a .toml file)"
+        )
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise FedshiftError(f"table {source!r} is not valid TOML: {e}") from None
+    return parse_table(raw, default_id)
+
+
+def parse_table(raw: dict, default_id: str = "table") -> Table:
+    head = raw.get("table", {})
+    metrics = [ALIASES.get(m, m) for m in head.get("metrics", ["worst", "average"])]
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        raise FedshiftError(
+            f"table metrics {bad} are not known; use worst, average, worst_client or accuracy"
+        )
+    methods = []
+    for i, m in enumerate(raw.get("method", [])):
+        if "name" not in m or "algorithm" not in m:
+            raise FedshiftError(f"method {i + 1} of the table needs a name and an algorithm")
+        published = {ALIASES.get(k, k): float(v) for k, v in m.get("published", {}).items()}
+        methods.append(
+            Method(
+                str(m["name"]),
+                str(m["algorithm"]),
+                dict(m.get("options", {})),
+                _flatten(dict(m.get("set", {}))),
+                published,
+            )
+        )
+    if not methods:
+        raise FedshiftError("the table lists no [[method]] entries")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise FedshiftError(f"method names must be distinct in a table, got {names}")
+    sweep = raw.get("sweep", {})
+    return Table(
+        id=str(head.get("id", default_id)),
+        title=str(head.get("title", default_id)),
+        source=str(head.get("source", "")),
+        metrics=metrics,
+        run=_flatten(dict(raw.get("run", {}))),
+        methods=methods,
+        seeds=int(head.get("seeds", 1)),
+        gap=float(head.get("gap", 5.0)),
+        scenario_seed=head.get("scenario_seed"),
+        quick=_flatten(dict(raw.get("quick", {}))),
+        sweep_key=sweep.get("key"),
+        sweep_values=list(sweep.get("values", [])),
+        notes=str(head.get("notes", "")),
+    )
+
+
+# ---------------------------------------------------------------- running
+
+
+def missing_algorithms(table: Table) -> list[str]:
+    from .algorithms import ALGORITHMS
+
+    return sorted({m.algorithm for m in table.methods if m.algorithm not in ALGORITHMS})
+
+
+def method_config(table: Table, method: Method, overrides: dict[str, Any]) -> RunConfig:
+    """The method's validated RunConfig (table run keys, method settings, overrides)."""
+    from .algorithms import ALGORITHMS
+    from .options import build_options
+
+    cfg = RunConfig()
+    apply(cfg, dict(table.run))
+    apply(cfg, {"algorithm": method.algorithm})
+    apply(cfg, {f"algorithm.{k}": v for k, v in method.options.items()})
+    apply(cfg, dict(method.settings))
+    apply(cfg, dict(overrides))
+    cfg.validate()
+    # check the algorithm's options now, before anything runs
+    build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
+    return cfg
+
+
+@dataclass
+class MethodResult:
+    method: Method
+    run_ids: list[str]
+    per_seed: list[dict]  # metrics of each seed (sweep: combined over the sweep's runs)
+    mean: dict[str, float | None]
+    std: dict[str, float | None]
+    per_env_mean: dict[str, float | None]
+
+
+def _combine_sweep(metrics: list[dict], label: str, values: list) -> dict:
+    """The runs of a sweep as one result: each run's average accuracy is an environment."""
+    per_env = {f"{label}={v}": m["average"] for v, m in zip(values, metrics, strict=True)}
+    ok = [v for v in per_env.values() if v is not None]
+    clients = [m["worst_client"] for m in metrics if m["worst_client"] is not None]
+    return {
+        "worst": min(ok) if ok else None,
+        "average": sum(ok) / len(ok) if ok else None,
+        "worst_client": min(clients) if clients else None,
+        "per_env": per_env,
+    }
+
+
+def run_table(
+    table: Table,
+    *,
+    seeds: int | None = None,
+    rounds: int | None = None,
+    quick: bool = False,
+    db: str | Path = "runs/fedshift.db",
+    skip_missing: bool = False,
+    extra: dict[str, Any] | None = None,
+    progress=None,
+) -> tuple[list[MethodResult], list[str]]:
+    """Run every method of ``table`` for ``seeds`` seeds; returns the results and the
+    methods skipped because their algorithm is not registered."""
+    from .api import run as run_api
+    from .data import build_scenario
+
+    missing = missing_algorithms(table)
+    if missing and not skip_missing:
+        raise FedshiftError(
+            f"table {table.id} needs algorithms that are not registered: {', '.join(missing)}; "
+            "run the others with --skip-missing"
+        )
+    from .data import SCENARIOS
+
+    scenario = RunConfig().scenario if "scenario" not in table.run else table.run["scenario"]
+    if scenario not in SCENARIOS:
+        raise FedshiftError(
+            f"table {table.id} needs scenario {scenario!r}, which is not registered; "
+            f"available: {', '.join(SCENARIOS.names())}"
+        )
+    methods = [m for m in table.methods if m.algorithm not in missing]
+    skipped = [m.name for m in table.methods if m.algorithm in missing]
+    if not methods:
+        raise FedshiftError(f"no method of table {table.id} has a registered algorithm")
+    overrides = dict(table.quick) if quick else {}
+    overrides.update(extra or {})
+    if rounds is not None:
+        overrides["rounds"] = rounds
+    k = seeds if seeds is not None else (1 if quick else table.seeds)
+    if k < 1:
+        raise FedshiftError(f"--seeds {k} must be at least 1")
+    sweep = table.sweep_values if table.sweep_key else [None]
+    for m in methods:  # validate every method's config before anything runs
+        method_config(table, m, overrides)
+
+    data_cache: dict[tuple, Any] = {}
+
+    def data_for(cfg: RunConfig):
+        scenario_seed = cfg.seed if table.scenario_seed is None else int(table.scenario_seed)
+        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), scenario_seed)
+        if key not in data_cache:
+            data_cache[key] = build_scenario(
+                cfg.scenario, cfg.scenario_options, scenario_seed, cfg.data_dir or None
+            )
+        return data_cache[key]
+
+    results = []
+    for m in methods:
+        run_ids, per_seed = [], []
+        for seed in range(k):
+            sweep_metrics = []
+            for value in sweep:
+                cfg = method_config(table, m, {**overrides, "seed": seed})
+                if value is not None:
+                    apply(cfg, {table.sweep_key: value})
+                label = f"{m.name} (seed {seed}{'' if value is None else f', {value}'})"
+                on_round, stop = progress(cfg.rounds, label) if progress else (None, None)
+                try:
+                    out = run_api(cfg, data=data_for(cfg), db=db, on_round=on_round)
+                finally:
+                    if stop is not None:
+                        stop()
+                run_ids.append(out.run_id)
+                sweep_metrics.append(out.metrics)
+            if table.sweep_key:
+                per_seed.append(
+                    _combine_sweep(sweep_metrics, table.sweep_key.split(".")[-1], sweep)
+                )
+            else:
+                per_seed.append(sweep_metrics[0])
+        mean, std = {}, {}
+        for key in METRICS:
+            mean[key], std[key] = _mean_std([s[key] for s in per_seed])
+            if k == 1:  # one seed: no spread to report
+                std[key] = None
+        envs = list(per_seed[0]["per_env"])
+        per_env = {e: _mean_std([s["per_env"].get(e) for s in per_seed])[0] for e in envs}
+        results.append(MethodResult(m, run_ids, per_seed, mean, std, per_env))
+    return results, skipped
+
+
+def _mean_std(values: list) -> tuple[float | None, float | None]:
+    mu, sd = mean_std([v for v in values if v is not None])
+    return (None, None) if math.isnan(mu) else (mu, sd)
+
+
+# ---------------------------------------------------------------- comparison
+
+
+def compare(table: Table, results: list[MethodResult]) -> dict[str, dict]:
+    """Per published metric: Spearman / Kendall rank correlation between the published
+    and our means, and every published gap ≥ ``table.gap`` with whether ours keeps it."""
+    from scipy.stats import kendalltau, spearmanr
+
+    out = {}
+    for metric in table.metrics:
+        rows = [
+            (r.method.name, r.method.published[metric], r.mean[metric])
+            for r in results
+            if metric in r.method.published and r.mean[metric] is not None
+        ]
+        entry: dict[str, Any] = {"methods": len(rows), "spearman": None, "kendall": None}
+        if len(rows) >= 3:
+            pub = [p for _, p, _ in rows]
+            ours = [o for _, _, o in rows]
+            rho = spearmanr(pub, ours).statistic
+            tau = kendalltau(pub, ours).statistic
+            entry["spearman"] = None if math.isnan(rho) else float(rho)
+            entry["kendall"] = None if math.isnan(tau) else float(tau)
+        gaps = []
+        for (a, pa, oa), (b, pb, ob) in itertools.permutations(rows, 2):
+            if pa - pb >= table.gap:
+                gaps.append(
+                    {
+                        "better": a,
+                        "worse": b,
+                        "published_gap": round(pa - pb, 2),
+                        "our_gap": round(oa - ob, 2),
+                        "holds": oa > ob,
+                    }
+                )
+        gaps.sort(key=lambda g: -g["published_gap"])
+        entry["gaps"] = gaps
+        entry["gaps_held"] = sum(g["holds"] for g in gaps)
+        entry["published_order"] = [n for n, _, _ in sorted(rows, key=lambda r: -r[1])]
+        entry["our_order"] = [n for n, _, _ in sorted(rows, key=lambda r: -r[2])]
+        out[metric] = entry
+    return out
+
+
+# ---------------------------------------------------------------- report
+
+
+def _f(v, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def _pm(mean, std) -> str:
+    if mean is None:
+        return "—"
+    return f"{mean:.1f} ± {std:.1f}" if std is not None else f"{mean:.1f}"
+
+
+def write_reproduction_report(
+    table: Table,
+    results: list[MethodResult],
+    skipped: list[str],
+    comparison: dict,
+    out_dir: str | Path,
+    db: str | Path,
+    settings: dict[str, Any],
+) -> Path:
+    """``report.md`` (published beside ours, ordering comparison), a per-environment plot,
+    a published-vs-ours plot, and the per-run report of results/report.py under runs/."""
+    from .results.report import FIGURES, _md_table, plot_per_env, write_report
+    from .results.store import RunStore
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    head = ["method", "algorithm"]
+    for m in table.metrics:
+        head += [f"{m} (published)", f"{m} (ours)"]
+    head += ["runs"]
+    rows = []
+    for r in results:
+        row = [r.method.name, f"`{r.method.algorithm}`"]
+        for m in table.metrics:
+            row += [_f(r.method.published.get(m)), _pm(r.mean[m], r.std[m])]
+        row.append(str(len(r.run_ids)))
+        rows.append(row)
+    for name in skipped:
+        method = next(m for m in table.methods if m.name == name)
+        row = [name, f"`{method.algorithm}` (not registered, skipped)"]
+        for m in table.metrics:
+            row += [_f(method.published.get(m)), "—"]
+        rows.append(row + ["0"])
+    k = len(results[0].per_seed)
+    parts = [
+        f"# Reproduction of {table.source or table.id}: {table.title}",
+        f"Table `{table.id}`; scenario `{settings['scenario']}` with options "
+        f"`{settings['scenario_options']}`; {settings['rounds']} rounds; {k} seed(s) "
+        f"({'quick run' if settings['quick'] else 'full run'}); run store `{db}`. "
+        "Accuracies in %; ours are mean ± std over seeds; every method ran on the same "
+        "partitions for a given seed.",
+    ]
+    if table.notes:
+        parts.append(f"Notes: {table.notes}")
+    parts.append(_md_table(head, rows))
+    parts.append("## Ordering compared")
+    for metric, c in comparison.items():
+        lines = [
+            f"**{metric}** over {c['methods']} methods: Spearman ρ = {_f(c['spearman'], 2)}, "
+            f"Kendall τ = {_f(c['kendall'], 2)}.",
+            f"Published order: {' > '.join(c['published_order']) or '—'}.",
+            f"Our order: {' > '.join(c['our_order']) or '—'}.",
+        ]
+        if c["gaps"]:
+            lines.append(
+                f"Published gaps of at least {table.gap:g} points that our numbers keep: "
+                f"{c['gaps_held']} of {len(c['gaps'])}."
+            )
+            lines.append(
+                _md_table(
+                    ["better", "worse", "published gap", "our gap", "holds"],
+                    [
+                        [
+                            g["better"],
+                            g["worse"],
+                            _f(g["published_gap"]),
+                            _f(g["our_gap"]),
+                            "yes" if g["holds"] else "**no**",
+                        ]
+                        for g in c["gaps"]
+                    ],
+                )
+            )
+        else:
+            lines.append(f"No published gap reaches {table.gap:g} points.")
+        parts.append("\n\n".join(lines))
+    if skipped:
+        parts.append(f"Skipped (algorithm not registered): {', '.join(skipped)}.")
+
+    # plots: our per-environment accuracy (mean over seeds), and published vs ours
+    pseudo = [
+        {
+            "algorithm": r.method.name,
+            "run_id": f"mean of {len(r.per_seed)} seed(s)",
+            "config": {},
+            "metrics": {"per_env": r.per_env_mean},
+        }
+        for r in results
+    ]
+    plot_per_env(pseudo, out / "accuracy_per_env.png")
+    parts.append("## Accuracy per test environment\n\n![per environment](accuracy_per_env.png)")
+    if _plot_published(table, results, out / "published_vs_ours.png"):
+        parts.append("## Published against ours\n\n![published vs ours](published_vs_ours.png)")
+    first_seed = [r.run_ids[0] for r in results]
+    runs_report = write_report(RunStore(db), first_seed, out / "runs", "md")
+    parts.append(
+        f"Per-run details (first seed of each method, {len(FIGURES)} plots): "
+        f"[{runs_report.relative_to(out)}]({runs_report.relative_to(out)})."
+    )
+    path = out / "report.md"
+    path.write_text("\n\n".join(parts) + "\n")
+    return path
+
+
+def _plot_published(table: Table, results: list[MethodResult], path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    drawn = False
+    for metric, marker in zip(table.metrics, "os^", strict=False):
+        pts = [
+            (r.method.published[metric], r.mean[metric], r.method.name)
+            for r in results
+            if metric in r.method.published and r.mean[metric] is not None
+        ]
+        if not pts:
+            continue
+        drawn = True
+        ax.scatter([p for p, _, _ in pts], [o for _, o, _ in pts], marker=marker, label=metric)
+        for p, o, name in pts:
+            ax.annotate(name, (p, o), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.plot([0, 100], [0, 100], ":", color="grey")
+    ax.set(xlabel="published accuracy (%)", ylabel="our accuracy (%)", xlim=(0, 100), ylim=(0, 100))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def summary(table: Table, results: list[MethodResult], skipped, comparison, report) -> dict:
+    """The JSON line of ``fedshift reproduce --json``."""
+    return {
+        "table": table.id,
+        "report": str(report),
+        "methods": [
+            {
+                "name": r.method.name,
+                "algorithm": r.method.algorithm,
+                "published": r.method.published,
+                "ours": {m: r.mean[m] for m in METRICS},
+                "ours_std": {m: r.std[m] for m in METRICS},
+                "run_ids": r.run_ids,
+            }
+            for r in results
+        ],
+        "skipped": skipped,
+        "comparison": comparison,
+    }
+
+
+def reproduce(
+    source: str,
+    *,
+    seeds: int | None = None,
+    rounds: int | None = None,
+    quick: bool = False,
+    out_dir: str | Path | None = None,
+    db: str | Path = "runs/fedshift.db",
+    skip_missing: bool = False,
+    extra: dict[str, Any] | None = None,
+    progress=None,
+) -> dict:
+    """Run a table and write its report; returns the :func:`summary` dict."""
+    table = load_table(source)
+    results, skipped = run_table(
+        table,
+        seeds=seeds,
+        rounds=rounds,
+        quick=quick,
+        db=db,
+        skip_missing=skip_missing,
+        extra=extra,
+        progress=progress,
+    )
+    comparison = compare(table, results)
+    first = method_config(
+        table, results[0].method, {**(table.quick if quick else {}), **(extra or {})}
+    )
+    settings = {
+        "scenario": first.scenario,
+        "scenario_options": first.scenario_options,
+        "rounds": rounds if rounds is not None else first.rounds,
+        "quick": quick,
+    }
+    out = Path(out_dir) if out_dir is not None else Path("reproduce") / table.id
+    report = write_reproduction_report(table, results, skipped, comparison, out, db, settings)
+    return summary(table, results, skipped, comparison, report)

@@ -1,0 +1,267 @@
+"""`fedshift reproduce`: tables as data, every method on the same partitions, report with
+published beside ours and the ordering compared; a tiny table end to end on digits-shortcut."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import tomllib
+from typer.testing import CliRunner
+
+from fedshift.cli import app
+from fedshift.errors import FedshiftError
+from fedshift.reproduce import load_table, reproduce, table_names
+from fedshift.results.store import RunStore
+
+TINY = """
+[table]
+id = "tiny"
+title = "four methods on digits-shortcut"
+source = "a test table"
+metrics = ["worst", "average"]
+seeds = 2
+gap = 5.0
+
+[run]
+rounds = 2
+lr = 0.05
+batch_size = 20
+local_steps = 3
+
+[run.scenario]
+name = "digits-shortcut"
+clients = 4
+
+[quick]
+rounds = 1
+
+[[method]]
+name = "FedAvg"
+algorithm = "fedavg"
+published = { worst = 10.0, average = 50.0 }
+
+[[method]]
+name = "FedProx"
+algorithm = "fedprox"
+options = { mu = 0.1 }
+published = { worst = 12.0, average = 52.0 }
+
+[[method]]
+name = "Local"
+algorithm = "local"
+published = { worst = 30.0, average = 40.0 }
+
+[[method]]
+name = "FTFA"
+algorithm = "ftfa"
+set = { lr = 0.1 }
+published = { worst = 20.0, average = 60.0 }
+"""
+
+# the first two methods only, for the tests of the mechanics (fewer runs)
+TWO = TINY[: TINY.index('[[method]]\nname = "Local"')]
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    return path
+
+
+def test_tiny_table_end_to_end(tiny, tmp_path):
+    db = tmp_path / "runs.db"
+    out = reproduce(str(tiny), db=db, out_dir=tmp_path / "report")
+    assert [m["name"] for m in out["methods"]] == ["FedAvg", "FedProx", "Local", "FTFA"]
+    store = RunStore(db)
+    runs = {r["run_id"]: r for r in store.runs()}
+    assert len(runs) == 8  # 4 methods × 2 seeds, all recorded
+    for m in out["methods"]:
+        assert len(m["run_ids"]) == 2
+        seeds = sorted(runs[r]["seed"] for r in m["run_ids"])
+        assert seeds == [0, 1]
+        assert 0.0 <= m["ours"]["worst"] <= m["ours"]["average"] <= 100.0
+    # same partitions: for one seed every method saw the same client sizes
+    fedavg0 = store.run(out["methods"][0]["run_ids"][0])
+    local0 = store.run(out["methods"][2]["run_ids"][0])
+    assert fedavg0["config"]["scenario.clients"] == local0["config"]["scenario.clients"] == 4
+    assert (
+        fedavg0["config"]["lr"] == 0.05
+        and store.run(out["methods"][3]["run_ids"][0])["config"]["lr"] == 0.1
+    )
+    assert store.run(out["methods"][1]["run_ids"][0])["config"]["algorithm.mu"] == 0.1
+    # ordering comparison
+    comp = out["comparison"]
+    assert set(comp) == {"worst", "average"}
+    for c in comp.values():
+        assert c["methods"] == 4 and -1.0 <= c["spearman"] <= 1.0 and -1.0 <= c["kendall"] <= 1.0
+        assert len(c["published_order"]) == 4
+    gaps = comp["average"]["gaps"]  # published averages 60, 52, 50, 40: gaps ≥ 5
+    pairs = {(g["better"], g["worse"]) for g in gaps}
+    assert pairs == {
+        ("FTFA", "FedProx"),
+        ("FTFA", "FedAvg"),
+        ("FTFA", "Local"),
+        ("FedProx", "Local"),
+        ("FedAvg", "Local"),
+    }
+    for g in gaps:
+        ours = {m["name"]: m["ours"]["average"] for m in out["methods"]}
+        assert g["holds"] == (ours[g["better"]] > ours[g["worse"]])
+    # the report: published beside ours, the ordering, the plots
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "worst (published)" in text and "worst (ours)" in text
+    assert "| FedAvg | `fedavg` | 10.0 |" in text
+    assert re.search(r"\| FedAvg \| `fedavg` \| 10\.0 \| \d+\.\d ± \d+\.\d \| 50\.0 \|", text)
+    assert "Spearman" in text and "Kendall" in text and "Published order: FTFA > FedProx" in text
+    assert "that our numbers keep:" in text
+    for f in ("accuracy_per_env.png", "published_vs_ours.png", "runs/report.md"):
+        assert (tmp_path / "report" / f).is_file()
+
+
+def test_missing_algorithms_are_listed_or_skipped(tmp_path):
+    text = (
+        TWO
+        + """
+[[method]]
+name = "Future"
+algorithm = "not-yet-a-method"
+published = { worst = 1.0, average = 2.0 }
+
+[[method]]
+name = "Other"
+algorithm = "another-missing"
+published = { worst = 1.0, average = 2.0 }
+"""
+    )
+    path = tmp_path / "future.toml"
+    path.write_text(text)
+    with pytest.raises(FedshiftError) as err:
+        reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "o")
+    msg = str(err.value)
+    assert "another-missing, not-yet-a-method" in msg and "--skip-missing" in msg
+    assert "\n" not in msg
+    assert not (tmp_path / "r.db").exists() or RunStore(tmp_path / "r.db").runs() == []
+    out = reproduce(
+        str(path), db=tmp_path / "r.db", out_dir=tmp_path / "o", quick=True, skip_missing=True
+    )
+    assert out["skipped"] == ["Future", "Other"]
+    assert [m["name"] for m in out["methods"]] == ["FedAvg", "FedProx"]
+    assert "not registered, skipped" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_bad_option_fails_before_any_run(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(TINY.replace("options = { mu = 0.1 }", "options = { nu = 0.1 }"))
+    with pytest.raises(FedshiftError, match="algorithm.nu"):
+        reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "o")
+    assert not (tmp_path / "r.db").exists() or RunStore(tmp_path / "r.db").runs() == []
+
+
+def test_sweep_combines_runs_into_environments(tmp_path):
+    text = TWO.replace(
+        "[quick]\nrounds = 1\n", '[sweep]\nkey = "scenario.p_val"\nvalues = [0.1, 0.3]\n'
+    )
+    path = tmp_path / "sweep.toml"
+    path.write_text(text)
+    out = reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "o", seeds=1)
+    m = out["methods"][0]
+    assert len(m["run_ids"]) == 2  # one run per swept value
+    store = RunStore(tmp_path / "r.db")
+    averages = [store.run(r)["metrics"]["average"] for r in m["run_ids"]]
+    assert m["ours"]["worst"] == pytest.approx(min(averages))
+    assert m["ours"]["average"] == pytest.approx(sum(averages) / 2)
+
+
+def test_cli_reproduce_quick_json(tmp_path):
+    tiny = tmp_path / "two.toml"
+    tiny.write_text(TWO)
+    result = CliRunner().invoke(
+        app,
+        [
+            "reproduce",
+            str(tiny),
+            "--quick",
+            "--json",
+            "--db",
+            str(tmp_path / "c.db"),
+            "--out",
+            str(tmp_path / "cli"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["table"] == "tiny" and len(summary["methods"]) == 2
+    assert all(len(m["run_ids"]) == 1 for m in summary["methods"])  # --quick: one seed
+    assert (tmp_path / "cli" / "report.md").is_file()
+    bad = CliRunner().invoke(app, ["reproduce", "no-such-table"])
+    assert bad.exit_code == 2 and "unknown table" in bad.output
+
+
+SPEC_ALGORITHMS = set(
+    "fedavg fedprox scaffold local ftfa pfedme ditto apfl perfedavg l2sgd ifca fedrep fedrod "
+    "fedpac fedbn cfl fedfomo drfa fedsr fediir irm groupdro irm-ft irm-l2 fedsdr fedsdr-fedavg "
+    "fedsdr-pfedme fedpin perinvfl cgpfl cgpfl-heur ucfl fedipg dfl fedgen fedensemble".split()
+)
+
+
+def test_shipped_tables_parse_and_are_listed():
+    names = table_names()
+    for required in (
+        "thesis-5.1-cmnist8",
+        "thesis-5.1-cmnist80",
+        "thesis-5.1-cfmnist8",
+        "thesis-5.1-cfmnist80",
+        "thesis-5.2-cmnist",
+        "thesis-4.1-scm",
+        "thesis-3.1-mnist-mlr",
+        "thesis-3.1-cifar10-cnn",
+        "perinvfl-rcmnist",
+        "perinvfl-rcfmnist",
+        "perinvfl-waterbirds",
+        "ucfl-label-shift",
+        "ucfl-label-covariate",
+        "ucfl-concept-shift",
+        "fedipg-rotmnist5",
+        "fedipg-rotmnist50",
+        "dfl-bgcolor-mnist",
+        "thesis-5.1-waterbirds8",
+        "thesis-5.1-pacs6",
+    ):
+        assert required in names
+    for n in names:
+        t = load_table(n)
+        assert t.id == n and t.methods and t.source
+        for m in t.methods:
+            assert m.algorithm in SPEC_ALGORITHMS, (n, m.algorithm)
+            assert m.published and all(0 <= v <= 100 for v in m.published.values())
+    t = load_table("thesis-5.1-cmnist8")
+    fedpin = next(m for m in t.methods if m.name == "FedPIN")
+    assert fedpin.published == {"worst": 53.6, "average": 55.4}
+    abl = load_table("thesis-5.2-cmnist")
+    assert [m.options["variant"] for m in abl.methods] == [
+        "gm",
+        "gm-ft",
+        "gm-l2",
+        "pm-lambda0",
+        "pm-gamma0",
+        "pm",
+    ]
+    listed = CliRunner().invoke(app, ["list", "presets", "--json"])
+    items = {i["name"]: i for i in json.loads(listed.stdout)}
+    assert (
+        "thesis-5.1-cmnist8" in items
+        and "fedshift reproduce" in items["thesis-5.1-cmnist8"]["help"]
+    )
+    assert "mnist-iid-fedavg" in items  # the run presets are still there
+
+
+def test_top_level_configs_folder_is_the_packaged_one():
+    from pathlib import Path
+
+    top = Path(__file__).resolve().parents[1] / "configs"
+    assert sorted(p.stem for p in top.glob("*.toml")) == table_names()
+    for p in top.glob("*.toml"):
+        tomllib.loads(p.read_text())
