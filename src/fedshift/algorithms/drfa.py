@@ -102,7 +102,7 @@ class DRFA(FedAvg):
         params, buffers, received = self.start_from_broadcast(payload, len(cohort))
         tau = self.local_steps()
         t_snap = self.snapshot_step(cohort.round, tau)
-        losses = torch.zeros(len(cohort))
+        losses = torch.zeros(len(cohort), device=self.ctx.device)
         if t_snap > 0:
             first = self.ctx.train(
                 self.loss, params, buffers, cohort, steps=t_snap, shared=received

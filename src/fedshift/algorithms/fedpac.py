@@ -89,11 +89,11 @@ class FedPAC(Algorithm):
         before = client_sums(ctx, self.stats, cohort, {}, model_state(rep, buffers))
         cnt = before["count"].clamp(min=1.0)  # [C, K]
         mu = before["sum"] / cnt.unsqueeze(-1)  # local centroids with the received θ
-        p = before["count"] / before["count"].sum(1, keepdim=True)
+        p = before["count"] / before["count"].sum(1, keepdim=True).clamp(min=1.0)
         h = p.unsqueeze(-1) * mu
         v = (
             (p * before["sq"] / cnt).sum(1) - (p**2 * (mu**2).sum(-1)).sum(1)
-        ) / cohort.num_examples
+        ) / cohort.num_examples.to(ctx.device).clamp(min=1.0)
         has = payload.broadcast["has_centroid"].bool()[None, :, None]
         targets = torch.where(has, payload.broadcast["centroids"][None], mu)
         params, bufs = {**stack(rep, n), **payload.per_client}, stack(buffers, n)
