@@ -65,7 +65,8 @@ class FedPAC(Algorithm):
         k, d = ctx.data.num_classes, ctx.model.feature_dim
         heads = with_prefix(stack(select(ctx.initial_params, is_head), n), "heads/")
         rep = model_state(select(ctx.initial_params, is_extractor), ctx.initial_buffers)
-        return {**rep, **heads, "centroids": torch.zeros(k, d), "has_centroid": torch.zeros(k)}
+        centroids = {"centroids": torch.zeros(k, d), "has_centroid": torch.zeros(k)}
+        return {**rep, **heads, **{name: v.to(ctx.device) for name, v in centroids.items()}}
 
     def configure(self, server: Tree, cohort) -> Payload:
         shared = {k: v for k, v in server.items() if not k.startswith("heads/")}
