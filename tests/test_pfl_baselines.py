@@ -207,3 +207,28 @@ def test_cohort_size_does_not_change_results(algorithm, options):
     extras = outs[1].result.rounds[-1].extras
     for k, v in outs[0].result.rounds[-1].extras.items():
         assert extras[k] == pytest.approx(v, rel=1e-4)
+
+
+def test_l2sgd_averaging_steps_and_step_size_check():
+    from fedshift.algorithms.l2sgd import pull
+    from fedshift.errors import FedshiftError
+
+    x, mean = {"w": torch.tensor([4.0, 0.0])}, {"w": torch.tensor([1.0, 1.0])}
+    # two averaging steps with θ = 0.5 keep (1 − θ)² = 1/4 of the distance to the mean
+    torch.testing.assert_close(pull(x, mean, torch.tensor(0.25))["w"], torch.tensor([1.75, 0.75]))
+    out = run("l2sgd", algorithm_options={"lambda_": 0.5, "p": 0.2})
+    theta = 0.1 * 0.5 * 0.8 / 0.2
+    steps = out.result.rounds[-1].extras["averaging_steps"]
+    assert out.result.server["keep"].item() == pytest.approx((1 - theta) ** steps)
+    with pytest.raises(FedshiftError, match="exceeds 1"):
+        run("l2sgd", algorithm_options={"lambda_": 100.0, "p": 0.1})
+
+
+def test_fedfomo_weights_by_hand():
+    from fedshift.algorithms.fedfomo import fomo_weights
+
+    own = torch.tensor([1.0, 2.0])
+    other = torch.tensor([[0.5, 1.5], [2.0, 1.0]])
+    dist = torch.tensor([[0.5, 0.0], [2.0, 4.0]])
+    expected = torch.tensor([[1.0, 0.0], [0.0, 0.25]])  # (1 − 0.5)/0.5; equal model → 0
+    torch.testing.assert_close(fomo_weights(own, other, dist), expected)
