@@ -181,6 +181,15 @@ def test_fedbn_keeps_batchnorm_local():
     assert not torch.allclose(mean[0], mean[1])  # each client its own statistics
 
 
+def test_fedbn_without_batchnorm_is_fedavg_with_a_warning():
+    with pytest.warns(UserWarning, match="no BatchNorm"):
+        a = run("fedbn")
+    b = run("fedavg")
+    assert a.metrics["per_client"] == pytest.approx(b.metrics["per_client"], abs=1e-9)
+    for k, v in b.result.server.items():
+        torch.testing.assert_close(a.result.server[k], v)
+
+
 @pytest.mark.parametrize(
     "algorithm, options",
     [
@@ -200,6 +209,8 @@ def test_cohort_size_does_not_change_results(algorithm, options):
     if algorithm == "fedbn":
         kw.update(BN_MODEL)
         data = toy_data(SIZES, dim=16)
+    # environment ids reach every loss as extras["env"]; methods must ignore them
+    data.train.env = torch.cat([torch.full((n,), i % 2) for i, n in enumerate(SIZES)])
     outs = [run(algorithm, data=data, cohort_size=c, **kw) for c in (1, 0)]
     assert outs[1].metrics["per_client"] == pytest.approx(outs[0].metrics["per_client"], abs=1e-9)
     for k, v in outs[0].result.server.items():

@@ -5,19 +5,20 @@ Objective: FedAvg's, except that every client keeps its own BatchNorm layers: th
 parameters (γ, β) and running statistics never leave the client and are never averaged;
 all other parameters are averaged as in FedAvg (Algorithm 1 of the paper).
 
-Choices: a model without BatchNorm layers is refused (FedBN would be FedAvg); use e.g.
-``dfl-cnn`` or ``resnet18``. Each client's BN layers start from the model's initialisation.
+Choices: with a model without BatchNorm layers FedBN is exactly FedAvg (a warning says
+so; tested); use e.g. ``dfl-cnn`` or ``resnet18``. Each client's BN layers start from the
+model's initialisation.
 Evaluation: the shared layers of the global model with the client's own BN layers.
 FedBN has no hyper-parameters beyond the run's local-training settings.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from ..engine.tree import Tree, select, stack
 from ..models.layers import batchnorm_keys
-from ..options import require
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
 from .common.losses import cross_entropy
@@ -36,10 +37,12 @@ class FedBN(GlobalModelAlgorithm):
     def __init__(self, hyper, ctx) -> None:
         super().__init__(hyper, ctx)
         self.bn = batchnorm_keys(ctx.model)
-        require(
-            bool(self.bn),
-            "fedbn needs a model with BatchNorm layers (e.g. model=dfl-cnn or resnet18)",
-        )
+        if not self.bn:
+            warnings.warn(
+                "fedbn: the model has no BatchNorm layers, so FedBN is FedAvg here; "
+                "use a model with BatchNorm (e.g. model=dfl-cnn or resnet18)",
+                stacklevel=2,
+            )
 
     def split(self, tree: Tree) -> tuple[Tree, Tree]:
         """(shared part, local BN part) of a model tree (names without p/ b/ prefixes)."""
