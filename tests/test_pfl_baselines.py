@@ -243,3 +243,37 @@ def test_fedfomo_weights_by_hand():
     dist = torch.tensor([[0.5, 0.0], [2.0, 4.0]])
     expected = torch.tensor([[1.0, 0.0], [0.0, 0.25]])  # (1 − 0.5)/0.5; equal model → 0
     torch.testing.assert_close(fomo_weights(own, other, dist), expected)
+
+
+@pytest.mark.parametrize(
+    "algorithm, options",
+    [
+        ("scaffold", {}),
+        ("l2sgd", {}),
+        ("cfl", {"warmup_rounds": 0, "eps1": 10.0, "eps2": 0.0}),  # splits: state changes shape
+        ("fedfomo", {"num_models": 2}),
+    ],
+)
+def test_resume_after_a_crash_is_bit_identical(tmp_path, monkeypatch, algorithm, options):
+    from fedshift.api import resume
+    from fedshift.engine.runner import Runner
+    from fedshift.results.store import RunStore
+
+    kw = dict(rounds=4, algorithm_options=options, eval_every=2)
+    reference = run(algorithm, **kw)
+    original = Runner.train_round
+
+    def crash_in_round_3(self, r):
+        if r == 3:
+            raise RuntimeError("power cut")
+        return original(self, r)
+
+    monkeypatch.setattr(Runner, "train_round", crash_in_round_3)
+    with pytest.raises(RuntimeError):
+        run(algorithm, db=tmp_path / "runs.db", checkpoint_every=2, **kw)
+    monkeypatch.setattr(Runner, "train_round", original)
+    (rec,) = RunStore(tmp_path / "runs.db").runs()
+    resumed = resume(rec["run_id"], tmp_path / "runs.db", data=toy_data(SIZES))
+    assert resumed.metrics == reference.metrics
+    for k, v in reference.result.server.items():
+        assert torch.equal(resumed.result.server[k], v)
