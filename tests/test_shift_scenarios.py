@@ -116,14 +116,18 @@ def test_cmnist_colour_agreement_matches_p(cmnist):
         assert torch.equal(split.y, ref.y) and torch.equal(split.x.sum(1), ref.x.sum(1))
 
 
-_PROBE = np.random.default_rng(12345).integers(0, 2**31, size=(28 * 28, 2))
+_PROBE = np.random.default_rng(12345).integers(0, 64, size=(28 * 28, 6)).astype(np.float32)
 
 
-def prints(images) -> list[tuple[int, int]]:
-    """A fingerprint per image (an exact integer random projection of the 0–255 pixel
-    values): equal images, equal prints; unequal ones collide with probability ~2^-60."""
-    a = np.rint(np.asarray(images, dtype=np.float64).reshape(len(images), -1) * 255)
-    keys = a.astype(np.int64) @ _PROBE[: a.shape[1]]
+def prints(images) -> list[tuple]:
+    """A fingerprint per image: an integer random projection of the 0–255 pixel values
+    (uint8 images as they are, float ones in [0, 1] times 255), exact in float32 since every
+    partial sum is an integer below 2^24; equal images give equal prints, unequal ones
+    collide with probability below 2^-36."""
+    a = torch.as_tensor(np.asarray(images))
+    a = a.reshape(len(a), -1)
+    a = a.float() if a.dtype == torch.uint8 else torch.round(a.float() * 255)
+    keys = (a @ torch.from_numpy(_PROBE[: a.shape[1]])).numpy()
     return [tuple(k) for k in keys.tolist()]
 
 
@@ -133,7 +137,7 @@ def lookup_table(images, values) -> dict[tuple, int]:
 
 def _class_lookup(shared_datasets, dataset: str, train: bool) -> dict[float, int]:
     x, y = load_idx_dataset(dataset, "train" if train else "test", shared_datasets)
-    return lookup_table((x[:, ::2, ::2].float() / 255.0).numpy(), y.tolist())
+    return lookup_table(x[:, ::2, ::2].contiguous().numpy(), y.tolist())
 
 
 def test_cmnist_label_noise_and_client_classes(cmnist, shared_datasets):
@@ -201,8 +205,9 @@ def _rotated_lookup(shared_datasets, dataset: str, angles, small=True) -> dict[t
     x, _ = load_idx_dataset(dataset, "train", shared_datasets)
     out = {}
     for a in angles:
-        r = torch.rot90(x.float() / 255.0, int(a // 90), dims=(-2, -1))
+        r = torch.rot90(x, int(a // 90), dims=(-2, -1))
         r = r[:, ::2, ::2] if small else r
+        r = r.contiguous()
         out.update(lookup_table(r.numpy(), [a] * len(r)))
     return out
 
@@ -304,10 +309,116 @@ def test_label_permutation_per_group(shared_datasets):
     assert len({tuple(p) for p in perms}) == 4
     assert all(sorted(p) == list(range(10)) for p in perms.tolist())
     x, y = load_idx_dataset("mnist", "train", shared_datasets)
-    lookup = lookup_table((x.float() / 255.0).numpy(), y.tolist())
+    lookup = lookup_table(x.numpy(), y.tolist())
     for i in range(20):
         imgs, labels = d.train.client(i)
         true = np.array([lookup[f] for f in prints(imgs[:, 0].numpy())])
         assert (perms[groups[i]][true] == labels.numpy()).all()
     assert same(d, build_scenario("label-permutation", {"samples": 4000}, 0, shared_datasets))
     assert not same(d, build_scenario("label-permutation", {"samples": 4000}, 1, shared_datasets))
+
+
+# ---------------------------------------------------------------- FedIPG / DFL scenarios
+
+ROT_SMALL = {"samples": 3000, "test_samples": 600}
+
+
+def test_rotmnist_lodo_domains(shared_datasets):
+    d = build_scenario("rotmnist-lodo", {**ROT_SMALL, "clients": 50}, 0, shared_datasets)
+    well_formed(d)
+    assert d.train_env_names == ["angle=15", "angle=30", "angle=45", "angle=60", "angle=75"]
+    assert list(d.test) == ["angle=0"] and d.info["held_out"] == "angle=0"
+    assert np.bincount(d.info["client_group"]).tolist() == [10] * 5
+    for i in range(50):
+        assert set(d.train.client_env(i).tolist()) == {d.info["client_group"][i]}
+    val_share = d.val["val"].sizes().sum() / (d.val["val"].sizes().sum() + d.train.sizes().sum())
+    assert abs(float(val_share) - 0.1) < 0.01
+    # exact rotations: with right angles every image is a rotated training image
+    o = {**ROT_SMALL, "angles": [0, 90, 180, 270], "held_out": 180, "clients": 3}
+    r = build_scenario("rotmnist-lodo", o, 0, shared_datasets)
+    lookup = _rotated_lookup(shared_datasets, "mnist", [0, 90, 180, 270], small=False)
+    for i, want in enumerate([0, 90, 270]):
+        found = [lookup.get(f) for f in prints(r.train.client(i)[0][:, 0].numpy())]
+        assert all(f == want for f in found)
+    with pytest.raises(FedshiftError, match="held_out"):
+        build_scenario("rotmnist-lodo", {"held_out": 10}, 0, shared_datasets)
+
+
+def test_rotmnist_aberrant_client(shared_datasets):
+    o = {**ROT_SMALL, "clients": 20, "held_out": "none", "aberrant_angle": 135}
+    d = build_scenario("rotmnist-lodo", o, 0, shared_datasets)
+    assert d.info["aberrant_clients"] == [19]
+    assert d.info["client_rotation"][19] == "angle=135"
+    assert set(d.info["client_rotation"][:19]) == {f"angle={a}" for a in (0, 15, 30, 45, 60, 75)}
+    assert list(d.test) == [f"angle={a}" for a in (0, 15, 30, 45, 60, 75, 135)]
+    assert same(d, build_scenario("rotmnist-lodo", o, 0, shared_datasets))
+
+
+def _stain_colour(x: torch.Tensor) -> torch.Tensor:
+    """Colour of foreground-stained images: the brightest pixel's RGB, normalised."""
+    flat = x.flatten(2)  # [n, 3, P]
+    idx = flat.sum(1).argmax(1)
+    pix = flat[torch.arange(len(x)), :, idx]
+    return pix / pix.max(1, keepdim=True).values
+
+
+def test_confounded_cmnist_combinations(shared_datasets):
+    from fedshift.data.scenarios.colour_confounded import PALETTE
+
+    o = {**ROT_SMALL, "held_out": 3}
+    d = build_scenario("confounded-cmnist", o, 0, shared_datasets)
+    well_formed(d)
+    assert d.num_clients == 50 and d.input_shape == (3, 14, 14)
+    assert list(d.test) == ["combination=3"]
+    combos = np.array(d.info["client_combination"])
+    assert 3 not in combos and np.bincount(combos, minlength=10)[np.arange(10) != 3].min() >= 5
+    seen = set()
+    for i in range(50):
+        x, y = d.train.client(i)
+        colour = torch.cdist(_stain_colour(x), PALETTE).argmin(1)
+        assert torch.equal(colour, (y + int(combos[i])) % 10)
+        seen |= set(zip(y.tolist(), colour.tolist(), strict=True))
+    tx, ty = d.test["combination=3"].x, d.test["combination=3"].y
+    tcolour = torch.cdist(_stain_colour(tx), PALETTE).argmin(1)
+    assert torch.equal(tcolour, (ty + 3) % 10)
+    assert not seen & set(zip(ty.tolist(), tcolour.tolist(), strict=True))  # never seen pairs
+    assert same(d, build_scenario("confounded-cmnist", o, 0, shared_datasets))
+    for where in ("background", "both"):
+        e = build_scenario("confounded-cmnist", {**o, "stain": where}, 0, shared_datasets)
+        well_formed(e)
+
+
+def test_bgcolor_mnist_one_colour_per_client(shared_datasets):
+    d = build_scenario("bgcolor-mnist", {"image_size": 14}, 0, shared_datasets)
+    well_formed(d)
+    assert d.num_clients == 20 and d.participation == 0.5 and d.default_model == "dfl-cnn"
+    assert int(d.train.sizes().sum() + d.val["val"].sizes().sum()) == 30_000
+    assert int(d.test["test"].sizes().sum()) == 5_000
+    colours = torch.tensor(d.info["client_colour"])
+    assert float(torch.cdist(colours, colours).add(torch.eye(20)).min()) > 0.1
+    for i in range(20):
+        for split in (d.train, d.test["test"]):
+            corner = split.client(i)[0][:, :, 0, 0]
+            assert torch.allclose(corner, colours[i].expand_as(corner))
+    assert same(d, build_scenario("bgcolor-mnist", {"image_size": 14}, 0, shared_datasets))
+    assert not same(d, build_scenario("bgcolor-mnist", {"image_size": 14}, 1, shared_datasets))
+
+
+@pytest.mark.slow
+def test_fedavg_learns_the_cmnist_shortcut_and_the_oracle_is_flat(shared_datasets):
+    import fedshift as fs
+
+    def curve(oracle: bool) -> list[float]:
+        data = build_scenario(
+            "cmnist",
+            {"samples": 20_000, "test_samples": 4000, "oracle": oracle},
+            0,
+            shared_datasets,
+        )
+        out = fs.run(algorithm="fedavg", data=data, rounds=5, seed=0)
+        return [out.metrics["per_env"][f"p={i / 10}"] for i in range(11)]
+
+    shortcut = curve(False)
+    assert shortcut[-1] - shortcut[0] > 30.0, shortcut
+    flat = curve(True)
+    assert max(flat) - min(flat) < 15.0, flat
