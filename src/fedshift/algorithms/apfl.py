@@ -1,0 +1,90 @@
+"""APFL — Deng, Kamani, Mahdavi, "Adaptive Personalized Federated Learning", arXiv 2020
+(arXiv:2003.13461).
+
+Objective: each client i is served the mixture v̄_i = α_i v_i + (1 − α_i) w, where the global
+model w minimises Σ_i (n_i/n) f_i(w) (trained and averaged exactly as FedAvg) and the
+personal model v_i minimises f_i(α_i v_i + (1 − α_i) w*). Algorithm 1, per local step on one
+minibatch ξ: w_i ← w_i − η ∇f_i(w_i; ξ); v_i ← v_i − η ∇_v f_i(v̄_i; ξ) = v_i − η α_i ∇f_i(v̄_i; ξ);
+with adaptive α (the paper's eq. for α): α_i ← Π_[0,1](α_i − η ⟨v_i − w_i, ∇f_i(v̄_i; ξ)⟩).
+All three use the gradient at the same iterate, so they are one step on
+f_i(w_i) + f_i(α_i v_i + (1 − α_i)·sg(w_i)) (sg = stop-gradient), which the engine
+differentiates. The server averages w_i every round (the paper's τ = one round of local steps).
+
+Defaults and choices: α = 0.25 (one of the paper's fixed values {0.25, 0.5, 0.75}), not
+adaptive. α = 0 gives FedAvg's global model at evaluation, α = 1 local training (tested).
+With ``adaptive``, α takes the run's lr and SGD settings, like v and w in the paper; the
+projection onto [0, 1] is applied at the end of each round, and within a round the mixture
+uses α clipped to [0, 1]. Evaluation uses v̄_i with the latest global model w. The mixed
+model runs with v_i's BatchNorm buffers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.tree import Tree, select, stack, strip_prefix, with_prefix
+from ..options import opt, require
+from .base import ClientResult, Payload, Prediction, register_algorithm
+from .common.global_model import GlobalModelAlgorithm, model_state, split_state
+from .common.losses import cross_entropy
+
+
+@dataclass(frozen=True)
+class APFLHyper:
+    alpha: float = opt(0.25, "mixing weight α of the personal model (0 → FedAvg, 1 → Local)")
+    adaptive: bool = opt(False, "learn α per client by gradient steps (adaptive APFL)")
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.alpha <= 1.0, f"algorithm.alpha must be in [0, 1], got {self.alpha}")
+
+
+def mix(alpha: torch.Tensor, v: Tree, w: Tree) -> Tree:
+    """α v + (1 − α) w over the keys of ``v``."""
+    return {k: alpha * v[k] + (1 - alpha) * w[k] for k in v}
+
+
+@register_algorithm("apfl")
+class APFL(GlobalModelAlgorithm):
+    Hyper = APFLHyper
+    personalized = True
+
+    def init_client_state(self, server: Tree) -> Tree:
+        v = with_prefix(self.ctx.initial_params, "v/")  # v_i⁰ = w⁰
+        vb = with_prefix(self.ctx.initial_buffers, "vb/")
+        return {**v, **vb, "alpha": torch.tensor(self.hp.alpha)}
+
+    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        gw, v = strip_prefix(params, "w/"), strip_prefix(params, "v/")
+        gb, vb = strip_prefix(buffers, "w/"), strip_prefix(buffers, "v/")
+        alpha = params["alpha"].clamp(0.0, 1.0)
+        global_risk = cross_entropy(self.ctx.forward(gw, gb, x), y, w)
+        mixed = mix(alpha, v, {k: t.detach() for k, t in gw.items()})
+        return global_risk + cross_entropy(self.ctx.forward(mixed, vb, x), y, w)
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        gw, gb, _ = self.start_from_broadcast(payload, len(cohort))
+        params = {**with_prefix(gw, "w/"), **personal(state), "alpha": state["alpha"]}
+        buffers = {**with_prefix(gb, "w/"), **with_prefix(strip_prefix(state, "vb/"), "v/")}
+        trainable = None if self.hp.adaptive else (lambda k: k != "alpha")
+        out = self.ctx.train(self.loss, params, buffers, cohort, trainable=trainable)
+        new_state = {
+            **personal(out.params),
+            **with_prefix(strip_prefix(out.buffers, "v/"), "vb/"),
+            "alpha": out.params["alpha"].clamp(0.0, 1.0),  # projection onto [0, 1]
+        }
+        upload = model_state(strip_prefix(out.params, "w/"), strip_prefix(out.buffers, "w/"))
+        return ClientResult(upload, new_state, cohort.num_examples, out.loss)
+
+    def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
+        gw, _ = split_state(server)
+        v, w = strip_prefix(state, "v/"), stack(gw, len(cohort))
+        a = {k: state["alpha"].view(-1, *([1] * (t.dim() - 1))) for k, t in v.items()}
+        params = {k: a[k] * v[k] + (1 - a[k]) * w[k] for k in v}
+        return Prediction(params, strip_prefix(state, "vb/"), shared=False)
+
+
+def personal(tree: Tree) -> Tree:
+    """The personal model's entries (``v/…``), names unchanged."""
+    return select(tree, lambda k: k.startswith("v/"))

@@ -1,0 +1,91 @@
+"""SCAFFOLD — Karimireddy, Kale, Mohri, Reddi, Stich, Suresh, "SCAFFOLD: Stochastic
+Controlled Averaging for Federated Learning", ICML 2020.
+
+Objective: FedAvg's min_x Σ_i (n_i / n) R_i(x), with client drift corrected by control
+variates. Algorithm 1 of the paper, per round with server model x and control variate c:
+each sampled client starts from y_i = x and takes K_i steps y_i ← y_i − η_l (g_i(y_i) − c_i + c)
+(here: the gradient of R_i(y) + ⟨c − c_i, y⟩, so the engine's autodiff gives exactly that
+update); then option II: c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); it uploads Δy_i = y_i − x and
+Δc_i = c_i⁺ − c_i. The server sets x ← x + η_g · mean_S Δy_i and c ← c + (1/N) Σ_S Δc_i.
+
+Defaults and choices: η_g = 1 (the paper's experiments); c and every c_i start at 0; the
+mean over S is uniform (the paper's 1/|S|), ``weighted = true`` uses FedAvg's n_i weights.
+K_i is the number of steps client i actually took (clients of unequal size take different
+numbers); η_l is the run's ``lr``. Option II assumes plain SGD: with momentum or weight decay
+the correction is still applied, but c_i⁺ is no longer the paper's estimate. BatchNorm
+buffers, which have no control variates, are averaged like FedAvg's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.tree import Tree, strip_prefix, weighted_mean, with_prefix
+from ..options import opt, require
+from .base import ClientResult, Payload, RoundInfo, register_algorithm
+from .common.global_model import GlobalModelAlgorithm, model_state, split_state
+from .common.losses import cross_entropy
+
+
+@dataclass(frozen=True)
+class ScaffoldHyper:
+    server_lr: float = opt(1.0, "global step size η_g (the paper's experiments use 1)")
+    weighted: bool = opt(False, "average client deltas with n_i weights (paper: uniform)")
+
+    def __post_init__(self) -> None:
+        require(self.server_lr > 0, f"algorithm.server_lr must be > 0, got {self.server_lr}")
+
+
+def linear_correction(params: Tree, correction: Tree) -> torch.Tensor:
+    """⟨c − c_i, y⟩ summed over parameters: its gradient adds c − c_i to every step.
+    ``correction`` may carry other extras (e.g. ``env``); only parameter names are used."""
+    return sum((params[k] * correction[k]).sum() for k in params if k in correction)
+
+
+@register_algorithm("scaffold")
+class Scaffold(GlobalModelAlgorithm):
+    Hyper = ScaffoldHyper
+
+    def init(self) -> Tree:
+        zeros = {k: torch.zeros_like(v) for k, v in self.ctx.initial_params.items()}
+        return {**super().init(), **with_prefix(zeros, "c/")}  # x and c = 0
+
+    def init_client_state(self, server: Tree) -> Tree:
+        return {k: torch.zeros_like(v) for k, v in server.items() if k.startswith("c/")}
+
+    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
+        return risk + linear_correction(params, extras)  # Algorithm 1, line 10
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        params, buffers, x = self.start_from_broadcast(payload, len(cohort))
+        c, c_i = strip_prefix(payload.broadcast, "c/"), strip_prefix(state, "c/")
+        correction = {k: c[k].unsqueeze(0) - c_i[k] for k in c}
+        out = self.ctx.train(self.loss, params, buffers, cohort, per_client=correction)
+        # Option II (line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); unchanged if K_i = 0
+        k_eta = (out.steps.to(torch.float32) * self.ctx.sgd.lr).to(params[next(iter(c))].device)
+        new_c, delta_c = {}, {}
+        for k in c:
+            scale = k_eta.view(-1, *([1] * c[k].dim()))
+            step = (x[k].unsqueeze(0) - out.params[k]) / scale.clamp(min=1e-12)
+            plus = c_i[k] - c[k].unsqueeze(0) + step
+            new_c[k] = torch.where(scale > 0, plus, c_i[k])
+            delta_c[k] = new_c[k] - c_i[k]
+        delta_y = {k: out.params[k] - x[k].unsqueeze(0) for k in x}  # line 13
+        upload = {**with_prefix(delta_y, "dy/"), **with_prefix(delta_c, "dc/")}
+        upload.update(with_prefix(out.buffers, "b/"))
+        return ClientResult(upload, with_prefix(new_c, "c/"), cohort.num_examples, out.loss)
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        n = self.ctx.data.num_clients
+        weights = info.num_examples if self.hp.weighted else torch.ones_like(info.num_examples)
+        mean = weighted_mean(uploads, weights)
+        params, _ = split_state(server)
+        c = strip_prefix(server, "c/")
+        s = len(info.ids)
+        new_x = {k: v + self.hp.server_lr * mean[f"dy/{k}"] for k, v in params.items()}
+        new_c = {k: v + (s / n) * strip_prefix(uploads, "dc/")[k].mean(0) for k, v in c.items()}
+        buffers = strip_prefix(mean, "b/")
+        return {**model_state(new_x, buffers), **with_prefix(new_c, "c/")}
