@@ -6,6 +6,9 @@ step counts, so at step ``s`` the clients still training are a prefix of the coh
 step runs on that prefix only (finished clients are dropped from the batch, not masked
 into it). The step is a pure tensors-in/tensors-out function, so ``torch.compile`` can
 take it whole.
+
+When the loss is declared plain cross-entropy and the model is an MLP, a fused in-place
+step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from ..data.federated import Split
 from ..models.base import FedModel
+from .allocator import keep_freed_memory
+from .fused import FusedMLPStep
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_step
 from .tree import Tree, take
@@ -36,10 +42,12 @@ class TrainResult:
 
 
 class LocalTrainer:
-    def __init__(self, model: FedModel, compile: bool = False) -> None:
+    def __init__(self, model: FedModel, compile: bool = False, fused: bool = True) -> None:
         self.model = model
         self.compile = compile
+        self.fused = fused  # allow the fused cross-entropy MLP step where it applies
         self._steps: dict = {}
+        keep_freed_memory()
 
     def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
         """The model as a pure function of its parameters and buffers."""
@@ -103,10 +111,26 @@ class LocalTrainer:
         momentum = {k: torch.zeros_like(v) for k, v in trained.items()}
         pc = take(per_client or {}, order.to(device))
         loss_sum = torch.zeros(len(order), device=device)
-        step = self._step_fn(loss_fn, sgd, train_keys)
         self.model.train()
-        active_counts = [(steps > s).sum().item() for s in range(schedule.max_steps)]
-        for s, k in enumerate(active_counts):
+        # active clients at step s: those with steps > s (a prefix: steps sort descending)
+        steps_np = steps.numpy()
+        active = (steps_np[None, :] > np.arange(schedule.max_steps)[:, None]).sum(1).tolist()
+        layers = FusedMLPStep.applies(loss_fn, self.model, buffers, noise) if self.fused else None
+        if layers is not None:
+            fused = FusedMLPStep(layers, sgd, train_keys)
+            every = {**trained, **frozen}
+            for s, k in enumerate(active):
+                rows = idx[:k, s]
+                loss_sum[:k] += fused(
+                    {n: t[:k] for n, t in every.items()},
+                    {n: t[:k] for n, t in momentum.items()},
+                    split.x[rows],
+                    split.y[rows],
+                    wgt[:k, s],
+                )
+            active = []
+        step = self._step_fn(loss_fn, sgd, train_keys) if active else None
+        for s, k in enumerate(active):
             rows = idx[:k, s]
             extras = take(pc, slice(0, k))
             if split.env is not None:
