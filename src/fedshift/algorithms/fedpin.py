@@ -71,8 +71,10 @@ class FedPIN(Algorithm):
             "aux.bias": (torch.rand(k, generator=g) * 2 - 1) * bound,
         }
         dev = self.ctx.device
-        return {**model_state(self.ctx.initial_params, self.ctx.initial_buffers),
-                **{k_: v.to(dev) for k_, v in aux.items()}}
+        return {
+            **model_state(self.ctx.initial_params, self.ctx.initial_buffers),
+            **{k_: v.to(dev) for k_, v in aux.items()},
+        }
 
     def init_client_state(self, server: Tree) -> Tree:
         init = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
@@ -121,8 +123,10 @@ class FedPIN(Algorithm):
 
     def weights(self) -> tuple[float, float]:
         v = self.hp.variant
-        return (0.0 if v == "pm-lambda0" else self.hp.lambda_,
-                0.0 if v == "pm-gamma0" else self.hp.gamma)
+        return (
+            0.0 if v == "pm-lambda0" else self.hp.lambda_,
+            0.0 if v == "pm-gamma0" else self.hp.gamma,
+        )
 
     # ---- round -----------------------------------------------------------------------
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
@@ -133,30 +137,51 @@ class FedPIN(Algorithm):
         if hp.variant.startswith("pm"):
             # Alg. 5: Ψ_u for K epochs of local ERM
             psi_p, psi_b = split_state(strip_prefix(state, "psi/"))
-            psi = self.ctx.train(self.erm_loss, psi_p, psi_b, cohort, "fedpin/erm",
-                                 epochs=hp.personal_epochs)
+            psi = self.ctx.train(
+                self.erm_loss, psi_p, psi_b, cohort, "fedpin/erm", epochs=hp.personal_epochs
+            )
             new_state.update(with_prefix(model_state(psi.params, psi.buffers), "psi/"))
             # personalized model for K epochs with Φ_g^t and Ψ_u
             pm_p, pm_b = split_state(strip_prefix(state, "pm/"))
-            pm = self.ctx.train(self.local_loss, pm_p, pm_b, cohort, "fedpin/personal",
-                                epochs=hp.personal_epochs, shared=shared,
-                                per_client={**with_prefix(psi.params, "sp/"),
-                                            **with_prefix(psi.buffers, "sb/")})
+            pm = self.ctx.train(
+                self.local_loss,
+                pm_p,
+                pm_b,
+                cohort,
+                "fedpin/personal",
+                epochs=hp.personal_epochs,
+                shared=shared,
+                per_client={**with_prefix(psi.params, "sp/"), **with_prefix(psi.buffers, "sb/")},
+            )
             new_state.update(with_prefix(model_state(pm.params, pm.buffers), "pm/"))
         elif hp.variant == "gm-l2":
             pm_p, pm_b = split_state(strip_prefix(state, "pm/"))
-            pm = self.ctx.train(self.l2_loss, pm_p, pm_b, cohort, "fedpin/personal",
-                                epochs=hp.personal_epochs, shared=shared)
+            pm = self.ctx.train(
+                self.l2_loss,
+                pm_p,
+                pm_b,
+                cohort,
+                "fedpin/personal",
+                epochs=hp.personal_epochs,
+                shared=shared,
+            )
             new_state.update(with_prefix(model_state(pm.params, pm.buffers), "pm/"))
         # R local epochs on the global sub-objective L_g^u
         aux = {k: payload.broadcast[k] for k in ("aux.weight", "aux.bias")}
         onehot = F.one_hot(cohort.ids, self.ctx.data.num_clients).float()
-        out = self.ctx.train(self.global_loss, stack({**g_params, **aux}, n),
-                             stack(g_buffers, n), cohort, "fedpin/global",
-                             per_client={"onehot": onehot.to(self.ctx.device)})
+        out = self.ctx.train(
+            self.global_loss,
+            stack({**g_params, **aux}, n),
+            stack(g_buffers, n),
+            cohort,
+            "fedpin/global",
+            per_client={"onehot": onehot.to(self.ctx.device)},
+        )
         model_p = {k: v for k, v in out.params.items() if not k.startswith("aux.")}
-        upload = {**model_state(model_p, out.buffers),
-                  **{k: out.params[k] for k in ("aux.weight", "aux.bias")}}
+        upload = {
+            **model_state(model_p, out.buffers),
+            **{k: out.params[k] for k in ("aux.weight", "aux.bias")},
+        }
         return ClientResult(upload, new_state, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
@@ -169,8 +194,14 @@ class FedPIN(Algorithm):
             return Prediction(g_params, g_buffers, shared=True)
         if variant == "gm-ft":
             n = len(cohort)
-            out = self.ctx.train(self.erm_loss, stack(g_params, n), stack(g_buffers, n), cohort,
-                                 "finetune", epochs=self.hp.personal_epochs)
+            out = self.ctx.train(
+                self.erm_loss,
+                stack(g_params, n),
+                stack(g_buffers, n),
+                cohort,
+                "finetune",
+                epochs=self.hp.personal_epochs,
+            )
             return Prediction(out.params, out.buffers, shared=False)
         params, buffers = split_state(strip_prefix(state, "pm/"))
         return Prediction(params, buffers, shared=False)

@@ -62,14 +62,18 @@ class ShortcutDiscovery:
 
     def discovery_init(self) -> Tree:
         data = self.ctx.data
-        require(data.train.env is not None and len(data.train_env_names) > 0,
-                f"{self.name} needs a scenario whose training data carry environment ids "
-                "(e.g. digits-shortcut, cmnist)")
+        require(
+            data.train.env is not None and len(data.train_env_names) > 0,
+            f"{self.name} needs a scenario whose training data carry environment ids "
+            "(e.g. digits-shortcut, cmnist)",
+        )
         e, k, d = len(data.train_env_names), data.num_classes, self.ctx.model.feature_dim
         g = torch.Generator().manual_seed(self.ctx.seed + 1)
         bound = d**-0.5
-        env = {"env.weight": (torch.rand(e, k, d, generator=g) * 2 - 1) * bound,
-               "env.bias": (torch.rand(e, k, generator=g) * 2 - 1) * bound}
+        env = {
+            "env.weight": (torch.rand(e, k, d, generator=g) * 2 - 1) * bound,
+            "env.bias": (torch.rand(e, k, generator=g) * 2 - 1) * bound,
+        }
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         return {**with_prefix(state, "sd/"), **{n: v.to(self.ctx.device) for n, v in env.items()}}
 
@@ -89,8 +93,9 @@ class ShortcutDiscovery:
         z = features(self.ctx.model, params, buffers, x).detach()
         logits = self.env_logits(params, z)  # [E, B, K]
         mask = one_hot(extras["env"], logits.shape[0], w.dtype).T * w  # [E, B]
-        per = F.cross_entropy(logits.permute(1, 2, 0), y[:, None].expand(-1, logits.shape[0]),
-                              reduction="none").T  # [E, B]
+        per = F.cross_entropy(
+            logits.permute(1, 2, 0), y[:, None].expand(-1, logits.shape[0]), reduction="none"
+        ).T  # [E, B]
         return ((per * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
 
     def sr_risk(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
@@ -115,11 +120,25 @@ class ShortcutDiscovery:
         iterations = self.ctx.local_epochs or 1
         per_iter = {"epochs": 1} if self.ctx.local_epochs else {"steps": self.ctx.local_steps}
         for r in range(iterations):
-            out = self.ctx.train(self.sd_loss, params, buffers, cohort, f"fedsdr/psi{r}",
-                                 trainable=lambda k: k not in ENV, **per_iter)
+            out = self.ctx.train(
+                self.sd_loss,
+                params,
+                buffers,
+                cohort,
+                f"fedsdr/psi{r}",
+                trainable=lambda k: k not in ENV,
+                **per_iter,
+            )
             params, buffers = out.params, out.buffers
-            out = self.ctx.train(self.env_loss, params, buffers, cohort, f"fedsdr/env{r}",
-                                 epochs=self.hp.env_epochs, trainable=lambda k: k in ENV)
+            out = self.ctx.train(
+                self.env_loss,
+                params,
+                buffers,
+                cohort,
+                f"fedsdr/env{r}",
+                epochs=self.hp.env_epochs,
+                trainable=lambda k: k in ENV,
+            )
             params = out.params
         model_p = {k: v for k, v in params.items() if k not in ENV}
         return {**with_prefix(model_state(model_p, buffers), "sd/"), **{k: params[k] for k in ENV}}
@@ -129,8 +148,9 @@ class ShortcutDiscovery:
         sd = {k: v for k, v in uploads.items() if k.startswith("sd/")}
         out.update(weighted_mean(sd, torch.ones(len(info.ids))))  # Alg. 2 line 18: uniform
         envs = self.ctx.data.train.env.cpu()
-        client = torch.repeat_interleave(torch.arange(self.ctx.data.num_clients),
-                                         self.ctx.data.train.sizes())
+        client = torch.repeat_interleave(
+            torch.arange(self.ctx.data.num_clients), self.ctx.data.train.sizes()
+        )
         e = len(self.ctx.data.train_env_names)
         rho = torch.zeros(self.ctx.data.num_clients, e)
         rho[client, envs] = 1.0
@@ -162,12 +182,19 @@ class FedSDR(ShortcutDiscovery, Algorithm):
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         # Alg. 2 lines 6-8: K epochs of the personalized model on ℓ_SR with Ψ^t
         params, buffers = split_state(state)
-        pm = self.ctx.train(self.sr_risk, params, buffers, cohort, "fedsdr/personal",
-                            epochs=self.hp.personal_epochs,
-                            shared=self.psi_extras(payload.broadcast))
+        pm = self.ctx.train(
+            self.sr_risk,
+            params,
+            buffers,
+            cohort,
+            "fedsdr/personal",
+            epochs=self.hp.personal_epochs,
+            shared=self.psi_extras(payload.broadcast),
+        )
         upload = self.discovery_train(payload, cohort)  # lines 10-13
-        return ClientResult(upload, model_state(pm.params, pm.buffers), cohort.num_examples,
-                            pm.loss)
+        return ClientResult(
+            upload, model_state(pm.params, pm.buffers), cohort.num_examples, pm.loss
+        )
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         return self.discovery_aggregate(server, uploads, info)

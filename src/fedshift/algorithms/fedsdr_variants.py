@@ -39,8 +39,14 @@ class FedSDRFedAvg(FedSDR):
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)
         params, buffers = split_state(strip_prefix(payload.broadcast, "g/"))
-        f = self.ctx.train(self.sr_risk, stack(params, n), stack(buffers, n), cohort,
-                           "fedsdr/personal", shared=self.psi_extras(payload.broadcast))
+        f = self.ctx.train(
+            self.sr_risk,
+            stack(params, n),
+            stack(buffers, n),
+            cohort,
+            "fedsdr/personal",
+            shared=self.psi_extras(payload.broadcast),
+        )
         trained = model_state(f.params, f.buffers)
         upload = {**self.discovery_train(payload, cohort), **with_prefix(trained, "g/")}
         return ClientResult(upload, trained, cohort.num_examples, f.loss)
@@ -89,6 +95,7 @@ class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         keys = [k for k in server if k.startswith(("p/", "b/"))]
-        w = PFedMe.aggregate(self, {k: server[k] for k in keys}, {k: uploads[k] for k in keys},
-                             info)
+        w = PFedMe.aggregate(
+            self, {k: server[k] for k in keys}, {k: uploads[k] for k in keys}, info
+        )
         return self.discovery_aggregate({**server, **w}, uploads, info)

@@ -5,7 +5,8 @@ Client objective (eqs. 2–3): min_θ_i L_INV(θ_i; E_i) + β‖θ_i − ν*‖�
 with every client one environment of the global problem; L_INV ∈ {IRMv1, GroupDRO}.
 Algorithm 1, per local iteration r (one minibatch): S steps
 θ_i ← θ_i − η(∇L_INV(θ_i) + 2β(θ_i − ν_{i,r})) on that minibatch, then
-ν_{i,r+1} ← ν_{i,r} − γ∇L_INV(ν_{i,r}; D_i); R iterations = the run's local training, γ = the run's lr. Server: ν ← ν − α(ν − mean_i ν_i).
+ν_{i,r+1} ← ν_{i,r} − γ∇L_INV(ν_{i,r}; D_i); R iterations = the run's local training,
+γ = the run's lr. Server: ν ← ν − α(ν − mean_i ν_i).
 
 Choices: IRM uses the IRM reference schedule of ``irm`` (penalty weight 1 for
 ``anneal_rounds`` rounds, then λ, loss divided by the weight when it exceeds 1), with one
@@ -67,8 +68,10 @@ class PerInvFL(Algorithm):
         return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
 
     def configure(self, server: Tree, cohort) -> Payload:
-        return Payload(broadcast={k: v for k, v in server.items() if k != "q"},
-                       per_client={"q": server["q"][cohort.ids.to(server["q"].device)]})
+        return Payload(
+            broadcast={k: v for k, v in server.items() if k != "q"},
+            per_client={"q": server["q"][cohort.ids.to(server["q"].device)]},
+        )
 
     def env_masks(self, extras: Tree, w):
         """[G, B] sample weights of each local environment of the batch (one group if none)."""
@@ -117,10 +120,15 @@ class PerInvFL(Algorithm):
         nu, buffers = split_state(payload.broadcast)
         theta, _ = split_state(state)
         weight = irm_weight(payload.broadcast["round"], self.hp.anneal_rounds, self.hp.irm_lambda)
-        out = self.ctx.train(self.loss, {**stack(nu, n), **with_prefix(theta, "pm/")},
-                             stack(buffers, n), cohort, sgd=SGDConfig(self.ctx.sgd.lr),
-                             shared={"weight": weight.to(self.ctx.device)},
-                             per_client={"q": payload.per_client["q"]})
+        out = self.ctx.train(
+            self.loss,
+            {**stack(nu, n), **with_prefix(theta, "pm/")},
+            stack(buffers, n),
+            cohort,
+            sgd=SGDConfig(self.ctx.sgd.lr),
+            shared={"weight": weight.to(self.ctx.device)},
+            per_client={"q": payload.per_client["q"]},
+        )
         local = {k: v for k, v in out.params.items() if not k.startswith("pm/")}
         upload = {**model_state(local, out.buffers), "loss": out.loss}
         new_state = model_state(strip_prefix(out.params, "pm/"), out.buffers)
@@ -130,8 +138,10 @@ class PerInvFL(Algorithm):
         models = {k: v for k, v in uploads.items() if k != "loss"}
         mean = weighted_mean(models, torch.ones(len(info.ids)))  # Alg. 1 line 10: 1/N Σ ν_i
         a = self.hp.alpha
-        out = {k: server[k] - a * (server[k] - mean[k]) if server[k].is_floating_point()
-               else mean[k] for k in mean}
+        out = {
+            k: server[k] - a * (server[k] - mean[k]) if server[k].is_floating_point() else mean[k]
+            for k in mean
+        }
         q = server["q"]
         if self.hp.inv == "groupdro":
             q = groupdro_weights(q, info.ids, uploads["loss"].to(q.device), self.hp.eta_q)

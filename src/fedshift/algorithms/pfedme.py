@@ -107,8 +107,10 @@ class PFedMe(Algorithm):
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         mean = weighted_mean(uploads, info.num_examples)
         b = self.hp.beta
-        return {k: (1 - b) * server[k] + b * mean[k] if v.is_floating_point() else mean[k]
-                for k, v in server.items()}
+        return {
+            k: (1 - b) * server[k] + b * mean[k] if v.is_floating_point() else mean[k]
+            for k, v in server.items()
+        }
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         params, buffers = split_state(state)

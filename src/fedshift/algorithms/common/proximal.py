@@ -45,4 +45,3 @@ def pull_towards(params: Tree, target: Tree, strength: float) -> Tensor:
 def report_as(surrogate: Tensor, value: Tensor) -> Tensor:
     """``surrogate``'s gradient with ``value``'s number (so training logs show a real loss)."""
     return surrogate - surrogate.detach() + value.detach()
-
