@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.tree import Tree, stack
+from ..engine.tree import Tree
 from ..options import opt, require
 from .base import Prediction, register_algorithm
-from .common.global_model import split_state
+from .common.finetune import finetuned_prediction
 from .fedavg import FedAvg
 
 
@@ -35,21 +35,7 @@ class FTFA(FedAvg):
     personalized = True
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
-        params, buffers = split_state(server)
-        if self.hp.finetune_epochs == 0:
-            return Prediction(params, buffers, shared=True)
-        sgd = self.ctx.sgd
-        if self.hp.finetune_lr > 0:
-            sgd = type(sgd)(self.hp.finetune_lr, sgd.momentum, sgd.weight_decay)
-        n = len(cohort)
-        out = self.ctx.train(
-            self.loss,
-            stack(params, n),
-            stack(buffers, n),
-            cohort,
-            "finetune",
-            epochs=self.hp.finetune_epochs,
-            sgd=sgd,
-            shared=params,
+        hp = self.hp
+        return finetuned_prediction(
+            self, server, cohort, self.loss, hp.finetune_epochs, hp.finetune_lr
         )
-        return Prediction(out.params, out.buffers, shared=False)

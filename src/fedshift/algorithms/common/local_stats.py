@@ -1,0 +1,62 @@
+"""Per-client statistics over a client's whole local training set (no training): label
+counts, feature sums for class centroids (FedPAC), full local gradients (FedIIR), losses.
+
+``client_sums`` runs a function over each client's training rows in padded chunks, vmapped
+over the cohort, and adds the results up; the function sees a validity mask so padding
+never counts. Everything is per client, so results do not depend on the cohort size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.func import vmap
+
+from ...engine.context import Cohort, Context
+from ...engine.tree import Tree
+
+CHUNK = 4096  # samples per vmapped call, summed over the cohort
+
+
+def label_counts(ctx: Context, ids: Tensor) -> Tensor:
+    """[C, K] float: how many training samples of each class every client holds."""
+    split, k = ctx.data.train, ctx.data.num_classes
+    rows = [split.y[int(split.offsets[i]) : int(split.offsets[i + 1])] for i in ids.tolist()]
+    counts = [torch.bincount(r.cpu(), minlength=k)[:k] for r in rows]
+    return torch.stack(counts).float().to(ctx.device)
+
+
+def client_sums(
+    ctx: Context,
+    fn: Callable[[Tree, Tree, Tensor, Tensor, Tensor], Tree],
+    cohort: Cohort,
+    per_client: Tree,
+    shared: Tree | None = None,
+) -> Tree:
+    """Σ over chunks of ``fn(per_client_i, shared, x, y, mask)`` for every client i.
+
+    ``fn`` acts on ONE client's chunk (x [m, …], y [m], mask [m] with 1 for real samples)
+    and returns a tree of sums; the result is that tree stacked over the cohort.
+    """
+    split = ctx.data.train
+    ids = cohort.ids
+    sizes = split.sizes()[ids]
+    m = int(sizes.max()) if sizes.numel() else 0
+    step = max(1, CHUNK // max(len(cohort), 1))
+    batched = vmap(fn, in_dims=(0, None, 0, 0, 0))
+    total: Tree = {}
+    ctx.model.eval()
+    for lo in range(0, max(m, 1), step):
+        ar = torch.arange(lo, min(lo + step, max(m, 1)))
+        mask = (ar.unsqueeze(0) < sizes.unsqueeze(1)).float()
+        rows = (split.offsets[ids].unsqueeze(1) + ar.unsqueeze(0)).clamp(
+            max=max(split.x.shape[0] - 1, 0)
+        )
+        dev = ctx.device
+        out = batched(
+            per_client, shared or {}, split.x[rows.to(dev)], split.y[rows.to(dev)], mask.to(dev)
+        )
+        total = out if not total else {k: total[k] + v for k, v in out.items()}
+    return total

@@ -1,0 +1,106 @@
+"""FedSR — Nguyen, Torr, Lim, "FedSR: A Simple and Effective Domain Generalization Method
+for Federated Learning", NeurIPS 2022.
+
+Stochastic representation z ~ N(μ(x), diag σ²(x)) with [μ, σ_raw] = A·Φ(x) + a (a Linear
+layer after the model's extractor; σ = softplus(σ_raw)), classifier ω(z). Client loss:
+  CE(ω(z), y) + α_L2R·E‖z‖ + α_CMI·E[KL(N(Cμ, C²σ²) ‖ N(r_μ[y], r_σ[y]²))]
+(L2R and the conditional-mutual-information bound, eqs. 6–8); r_μ, r_σ (class-wise
+reference Gaussians, r_σ = softplus(r_σ_raw)) and the scale C are learned, and every
+parameter is averaged as in FedAvg. Defaults α_L2R = 1e-2, α_CMI = 5e-4 (authors' code).
+Choices: one sample z = μ + σ·ε per example (ε from the engine's per-client seeded noise);
+L2R as the mean Euclidean norm of z (authors' code); evaluation with z = μ, so the
+evaluated model is Φ with head ω∘A_μ folded into one Linear layer; A initialised like
+nn.Linear from the run seed, r_μ = 0, r_σ_raw = 1, C = 1 (authors' initialisation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.rng import torch_seed
+from ..engine.tree import Tree, with_prefix
+from ..options import opt, require
+from .base import ClientResult, Payload, Prediction, register_algorithm
+from .common.global_model import model_state, split_state
+from .common.losses import cross_entropy
+from .common.split import classify, features, is_head, require_linear_head
+from .fedavg import FedAvg
+
+
+def cmi_bound(mu, sigma, ref_mu, ref_sigma, scale):
+    """Σ_d KL(N(Cμ, (Cσ)²) ‖ N(r_μ, r_σ²)) per sample (closed form of two diagonal Gaussians)."""
+    m, s = mu * scale, sigma * scale
+    kl = torch.log(ref_sigma) - torch.log(s) + (s**2 + (m - ref_mu) ** 2) / (2 * ref_sigma**2) - 0.5
+    return kl.sum(-1)
+
+
+@dataclass(frozen=True)
+class FedSRHyper:
+    l2r: float = opt(1e-2, "weight α_L2R of the representation-norm regulariser")
+    cmi: float = opt(5e-4, "weight α_CMI of the conditional mutual information bound")
+
+    def __post_init__(self) -> None:
+        require(self.l2r >= 0, f"algorithm.l2r must be >= 0, got {self.l2r}")
+        require(self.cmi >= 0, f"algorithm.cmi must be >= 0, got {self.cmi}")
+
+
+@register_algorithm("fedsr")
+class FedSR(FedAvg):
+    Hyper = FedSRHyper
+
+    def __init__(self, hyper, ctx) -> None:
+        super().__init__(hyper, ctx)
+        require_linear_head(ctx, "fedsr")
+        self.dim = ctx.model.feature_dim
+
+    def init(self) -> Tree:
+        d, k = self.dim, self.ctx.data.num_classes
+        g = torch.Generator().manual_seed(torch_seed(self.ctx.seed, 0, 0, "fedsr/init"))
+        bound = d**-0.5  # nn.Linear's default initialisation, U(−1/√d, 1/√d)
+        extra = {
+            "fedsr.rep.weight": (torch.rand(2 * d, d, generator=g) * 2 - 1) * bound,
+            "fedsr.rep.bias": (torch.rand(2 * d, generator=g) * 2 - 1) * bound,
+            "fedsr.ref_mu": torch.zeros(k, d),
+            "fedsr.ref_sigma": torch.ones(k, d),
+            "fedsr.scale": torch.ones(()),
+        }
+        extra = {name: v.to(self.ctx.device) for name, v in extra.items()}
+        return {**super().init(), **with_prefix(extra, "p/")}
+
+    def distribution(self, params: Tree, buffers: Tree, x):
+        out = F.linear(
+            features(self.ctx, params, buffers, x),
+            params["fedsr.rep.weight"],
+            params["fedsr.rep.bias"],
+        )
+        return out[..., : self.dim], F.softplus(out[..., self.dim :])
+
+    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        mu, sigma = self.distribution(params, buffers, x)
+        z = mu + sigma * extras["eps"][: x.shape[0]]
+        risk = cross_entropy(
+            classify(self.ctx, {k: v for k, v in params.items() if is_head(k)}, z), y, w
+        )
+        l2r = (z.norm(dim=-1) * w).sum() / w.sum().clamp(min=1.0)
+        ref_sigma = F.softplus(params["fedsr.ref_sigma"])[y]
+        kl = cmi_bound(mu, sigma, params["fedsr.ref_mu"][y], ref_sigma, params["fedsr.scale"])
+        cmi = (kl * w).sum() / w.sum().clamp(min=1.0)
+        return risk + self.hp.l2r * l2r + self.hp.cmi * cmi
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        params, buffers, _ = self.start_from_broadcast(payload, len(cohort))
+        sizes = self.ctx.data.train.sizes()
+        batch = self.ctx.batch_size if self.ctx.batch_size > 0 else max(int(sizes.max()), 1)
+        out = self.ctx.train(self.loss, params, buffers, cohort, noise={"eps": (batch, self.dim)})
+        return ClientResult(model_state(out.params, out.buffers), {}, cohort.num_examples, out.loss)
+
+    def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
+        params, buffers = split_state(server)
+        weight, bias = params["fedsr.rep.weight"][: self.dim], params["fedsr.rep.bias"][: self.dim]
+        model = {k: v for k, v in params.items() if not k.startswith("fedsr.")}
+        model["head.weight"] = params["head.weight"] @ weight  # ω(A_μ z + a_μ), z = Φ(x)
+        model["head.bias"] = params["head.weight"] @ bias + params["head.bias"]
+        return Prediction(model, buffers, shared=True)
