@@ -80,6 +80,11 @@ def mlp_layers(model: nn.Module) -> list[Layer] | None:
     return layers
 
 
+def loss_scale(w: Tensor) -> Tensor:
+    """Per-sample weights of the weighted mean ``Σ_b w_b·ℓ_b / max(Σ_b w_b, 1)``."""
+    return w / w.sum(-1, keepdim=True).clamp(min=1.0)
+
+
 class FusedMLPStep:
     """In-place SGD step of a cohort prefix for weighted cross-entropy of an MLP."""
 
@@ -87,6 +92,7 @@ class FusedMLPStep:
         self.layers = layers
         self.sgd = sgd
         self.train = set(train_keys)
+        self._neg: Tensor | None = None  # −1s scattered onto the labels' probabilities
 
     @staticmethod
     def applies(
@@ -101,7 +107,11 @@ class FusedMLPStep:
         with one step on minibatch ``x`` [k, B, ...], ``y`` [k, B], ``w`` [k, B]; returns the
         [k] losses before the step."""
         k, b = y.shape
-        a = x.reshape(k, b, -1)
+        return self.run(params, momentum, x.reshape(k, b, -1), y.unsqueeze(-1), loss_scale(w))
+
+    def run(self, params: Tree, momentum: Tree, a: Tensor, y1: Tensor, scale: Tensor) -> Tensor:
+        """The step on flat inputs ``a`` [k, B, D], labels ``y1`` [k, B, 1] and per-sample
+        loss weights ``scale`` = w / max(Σw, 1) [k, B] (see :func:`loss_scale`)."""
         acts = [a]  # input of each layer
         for i, layer in enumerate(self.layers):
             wt = params[layer.weight].transpose(1, 2)
@@ -114,14 +124,17 @@ class FusedMLPStep:
             if i + 1 < len(self.layers):
                 acts.append(z)
             a = z
-        logits = a  # [k, B, classes]
-        logp = torch.log_softmax(logits, -1)
-        nll = -logp.gather(-1, y.unsqueeze(-1)).squeeze(-1)  # [k, B]
-        scale = w / w.sum(1, keepdim=True).clamp(min=1.0)  # [k, B]
-        loss = (nll * w).sum(1) / w.sum(1).clamp(min=1.0)
+        logp = torch.log_softmax(a, -1)  # a: the logits [k, B, classes]
+        loss = (logp.gather(-1, y1).squeeze(-1) * scale).sum(1).neg_()
         # d loss / d logits = (softmax − onehot) · w_b / max(Σw, 1)
         delta = logp.exp_()
-        delta.scatter_add_(-1, y.unsqueeze(-1), torch.full_like(logp[..., :1], -1.0))
+        if (
+            self._neg is None
+            or self._neg.shape[0] < y1.shape[0]
+            or self._neg.shape[1:] != y1.shape[1:]
+        ):
+            self._neg = torch.full(y1.shape, -1.0, dtype=delta.dtype, device=delta.device)
+        delta.scatter_add_(-1, y1, self._neg[: y1.shape[0]])
         delta.mul_(scale.unsqueeze(-1))
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
@@ -134,8 +147,8 @@ class FusedMLPStep:
                 self._update(layer.bias, params, momentum, delta.sum(1), None)
             if below is not None:
                 delta = below
-                if self.layers[i - 1].relu:
-                    delta.mul_(a_in > 0)  # a_in is the post-ReLU activation below
+                if self.layers[i - 1].relu:  # ReLU's backward, as autograd computes it
+                    delta = torch.ops.aten.threshold_backward(delta, a_in, 0)
         return loss
 
     def _update(self, key: str, params: Tree, momentum: Tree, d: Tensor, a: Tensor | None) -> None:

@@ -24,7 +24,7 @@ from torch.func import functional_call, grad, vmap
 from ..data.federated import Split
 from ..models.base import FedModel
 from .allocator import keep_freed_memory
-from .fused import FusedMLPStep
+from .fused import FusedMLPStep, loss_scale
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_step
 from .tree import Tree, take
@@ -119,19 +119,24 @@ class LocalTrainer:
         if layers is not None:
             fused = FusedMLPStep(layers, sgd, train_keys)
             every = {**trained, **frozen}
+            x_flat = split.x.reshape(split.x.shape[0], -1)
+            y1 = split.y[idx].unsqueeze(-1)  # [C, S, B, 1] labels of every slot
+            scale = loss_scale(wgt)  # [C, S, B]
+            views: dict[int, tuple[Tree, Tree]] = {}  # the k-client prefixes, per k
             for s, k in enumerate(active):
-                rows = idx[:k, s]
-                loss_sum[:k] += fused(
-                    {n: t[:k] for n, t in every.items()},
-                    {n: t[:k] for n, t in momentum.items()},
-                    split.x[rows],
-                    split.y[rows],
-                    wgt[:k, s],
-                )
+                if k not in views:
+                    views[k] = (
+                        {n: t[:k] for n, t in every.items()},
+                        {n: t[:k] for n, t in momentum.items()},
+                    )
+                rows = idx[:k, s].reshape(-1)
+                a = x_flat.index_select(0, rows).view(k, -1, x_flat.shape[1])
+                loss_sum[:k] += fused.run(*views[k], a, y1[:k, s], scale[:k, s])
             active = []
         step = self._step_fn(loss_fn, sgd, train_keys) if active else None
         for s, k in enumerate(active):
             rows = idx[:k, s]
+            xb = split.x.index_select(0, rows.reshape(-1)).view(*rows.shape, *split.x.shape[1:])
             extras = take(pc, slice(0, k))
             if split.env is not None:
                 extras["env"] = split.env[rows]  # [k, B] environment id of each sample
@@ -145,7 +150,7 @@ class LocalTrainer:
                 take(momentum, slice(0, k)),
                 shared or {},
                 extras,
-                split.x[rows],
+                xb,
                 split.y[rows],
                 wgt[:k, s],
             )
