@@ -1,7 +1,8 @@
 """Local training for a whole cohort at once.
 
-The client step is written once for a single client — ``grad`` of the algorithm's loss,
-then a functional SGD update — and ``vmap``-ed over the cohort. Clients are sorted by their
+The client step is written once for a single client — ``grad`` of the algorithm's loss —
+and ``vmap``-ed over the cohort; the SGD update is then applied in place to the stacked
+parameters (one pass per tensor, no copies: large models are memory-bound here). Clients are sorted by their
 step counts, so at step ``s`` the clients still training are a prefix of the cohort: the
 step runs on that prefix only (finished clients are dropped from the batch, not masked
 into it). The step is a pure tensors-in/tensors-out function, so ``torch.compile`` can
@@ -26,7 +27,7 @@ from ..models.base import FedModel
 from .allocator import keep_freed_memory
 from .fused import FusedMLPStep, loss_scale
 from .schedule import Schedule
-from .sgd import SGDConfig, sgd_step
+from .sgd import SGDConfig, sgd_update_
 from .tree import Tree, take
 
 # loss_fn(params, buffers, extras, x, y, w) -> scalar, for ONE client (vmapped by the trainer)
@@ -62,14 +63,12 @@ class LocalTrainer:
             loss = loss_fn({**frozen, **trained}, buffers, extras, x, y, w)
             return loss, loss
 
-        def step(trained, frozen, buffers, momentum, shared, per_client, x, y, w):
-            grads, loss = grad(objective, has_aux=True)(
+        def step(trained, frozen, buffers, shared, per_client, x, y, w):
+            return grad(objective, has_aux=True)(
                 trained, frozen, buffers, {**shared, **per_client}, x, y, w
             )
-            new, momentum = sgd_step(trained, grads, momentum, sgd)
-            return new, momentum, loss
 
-        fn = vmap(step, in_dims=(0, 0, 0, 0, None, 0, 0, 0, 0))
+        fn = vmap(step, in_dims=(0, 0, 0, None, 0, 0, 0, 0))
         if self.compile:
             fn = torch.compile(fn, dynamic=True)
         self._steps[key] = fn
@@ -143,20 +142,18 @@ class LocalTrainer:
             for name, shape in (noise or {}).items():
                 draws = [torch.randn(shape, generator=generators[int(order[j])]) for j in range(k)]
                 extras[name] = torch.stack(draws).to(device)
-            new, mom, loss = step(
-                take(trained, slice(0, k)),
+            mine = take(trained, slice(0, k))  # views: updated in place below
+            grads, loss = step(
+                mine,
                 take(frozen, slice(0, k)),
                 take(bufs, slice(0, k)),
-                take(momentum, slice(0, k)),
                 shared or {},
                 extras,
                 xb,
                 split.y[rows],
                 wgt[:k, s],
             )
-            for name in train_keys:
-                trained[name][:k] = new[name]
-                momentum[name][:k] = mom[name]
+            sgd_update_(mine, grads, take(momentum, slice(0, k)), sgd)
             loss_sum[:k] += loss.detach()
         out = {**trained, **frozen}
         mean_loss = loss_sum / steps.clamp(min=1).to(device)
