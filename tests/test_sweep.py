@@ -37,19 +37,23 @@ def test_grid_parsing():
 
 def test_sweep_selects_by_validation_and_stores_every_run(tmp_path):
     db = tmp_path / "r.db"
-    args = ["sweep", "--set", "scenario=digits-shortcut", "--set", "algorithm=fedavg"]
-    args += ["--grid", "lr=0.005,0.2", "--seeds", "0,1", "--rounds", "1"]
+    args = ["sweep", "--set", "scenario=digits-shortcut", "--set", "algorithm=fedprox"]
+    args += ["--grid", "algorithm.mu=0.001,0.1", "--grid", "lr=0.005,0.2"]
+    args += ["--seeds", "0,1", "--rounds", "1"]
     res = runner.invoke(app, [*args, "--db", str(db), "--json"])
     assert res.exit_code == 0, res.output
     s = last_json(res.stdout)
-    assert s["grid"] == {"lr": ["0.005", "0.2"]} and s["seeds"] == [0, 1]
-    assert len(s["points"]) == 2 and len(s["run_ids"]) == 4
+    assert s["grid"] == {"algorithm.mu": ["0.001", "0.1"], "lr": ["0.005", "0.2"]}
+    assert s["seeds"] == [0, 1] and s["algorithm"] == "fedprox"
+    assert len(s["points"]) == 4 and len(s["run_ids"]) == 8
     stored = {r["run_id"]: r for r in RunStore(db).runs()}
     assert set(stored) == set(s["run_ids"])
     for p in s["points"]:
         runs = [stored[r] for r in p["run_ids"]]
         assert sorted(r["seed"] for r in runs) == [0, 1]
-        assert {r["config"]["lr"] for r in runs} == {float(p["params"]["lr"])}
+        assert {float(r["config"]["lr"]) for r in runs} == {float(p["params"]["lr"])}
+        mu = {float(r["config"]["algorithm.mu"]) for r in runs}
+        assert mu == {float(p["params"]["algorithm.mu"])}
         worst = [r["metrics"]["worst"] for r in runs]
         assert p["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
         assert p["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
