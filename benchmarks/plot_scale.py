@@ -24,14 +24,20 @@ def main() -> None:
     biggest = max(p["population"] for p in points)
     by_cohort = sorted((p for p in points if p["population"] == biggest), key=lambda p: p["cohort"])
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
-    ax[0].plot([p["cohort"] for p in by_cohort], [p["round_s"] for p in by_cohort], "o-")
+    cs = [p["cohort"] for p in by_cohort]
+    ax[0].plot(cs, [p["round_s"] for p in by_cohort], "o-", label="wall")
+    ax[0].plot(cs, [p["round_cpu_s"] for p in by_cohort], "s--", label="CPU")
+    ax[0].legend(fontsize=8)
     ax[0].set(
         xscale="log",
         xlabel="cohort size C (clients per round)",
         ylabel="seconds per round",
         title=f"population N = {biggest:,}",
     )
-    ax[1].plot([p["population"] for p in by_pop], [p["round_s"] for p in by_pop], "o-")
+    ns = [p["population"] for p in by_pop]
+    ax[1].plot(ns, [p["round_s"] for p in by_pop], "o-", label="wall")
+    ax[1].plot(ns, [p["round_cpu_s"] for p in by_pop], "s--", label="CPU")
+    ax[1].legend(fontsize=8)
     ax[1].set(
         xscale="log",
         xlabel="population N",

@@ -110,11 +110,12 @@ def point(population: int, cohort: int, rounds: int, threads: int) -> dict:
     before = status_mb("VmRSS")
     reset_peak()
     runner.train_round(0)
-    times = []
+    times, cpu = [], []
     for r in range(1, rounds + 1):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         runner.train_round(r)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
     rounds_peak = status_mb("VmHWM")
     t = time.perf_counter()
     runner.accuracy(data.test, rounds)
@@ -124,6 +125,7 @@ def point(population: int, cohort: int, rounds: int, threads: int) -> dict:
         "cohort": cohort,
         "round_s": statistics.median(times),
         "round_all_s": [round(v, 4) for v in times],
+        "round_cpu_s": statistics.median(cpu),
         "peak_rss_mb": rss_mb(),
         "rss_before_rounds_mb": before,
         "rounds_peak_rss_mb": rounds_peak,
@@ -169,6 +171,7 @@ def main() -> None:
         "w4.round_s_100": small["round_s"],
         "w4.round_s_100000": large["round_s"],
         "w4.time_ratio": large["round_s"] / small["round_s"],
+        "w4.cpu_time_ratio": large["round_cpu_s"] / small["round_cpu_s"],
         "w4.peak_rss_mb_100": small["peak_rss_mb"],
         "w4.peak_rss_mb_100000": large["peak_rss_mb"],
         "w4.data_mb_100000": large["data_mb"],

@@ -118,3 +118,27 @@ def test_fused_step_only_where_it_applies():
     assert FusedMLPStep.applies(loss, mlp, {}, {"eps": (3,)}) is None  # noise: general path
     prox = build_experiment(fs.make_config(algorithm="fedprox", **SETTINGS), data=toy_data())
     assert not declares_plain_cross_entropy(prox.algorithm.loss)  # overrides the loss
+
+
+@pytest.mark.parametrize(
+    "cfg", [SGDConfig(0.1), SGDConfig(0.1, momentum=0.9), SGDConfig(0.1, 0.5, weight_decay=0.01)]
+)
+def test_in_place_sgd_update_equals_functional_sgd(cfg):
+    from fedshift.engine.sgd import sgd_step, sgd_update_
+
+    torch.manual_seed(0)
+    p = {"w": torch.randn(3, 5, 4)}
+    buf = {"w": torch.zeros(3, 5, 4)}
+    p2 = {"w": p["w"].clone()}
+    buf2 = {"w": buf["w"].clone()}
+    for _ in range(3):
+        g = torch.randn(3, 5, 4)
+        p, buf = sgd_step(p, {"w": g}, buf, cfg)
+        sgd_update_(p2, {"w": g.clone()}, buf2, cfg)
+    torch.testing.assert_close(p2["w"], p["w"])
+
+
+def test_keep_freed_memory_is_idempotent():
+    from fedshift.engine.allocator import keep_freed_memory
+
+    assert keep_freed_memory() == keep_freed_memory()
