@@ -2,8 +2,9 @@
 
 The client step is written once for a single client — ``grad`` of the algorithm's loss —
 and ``vmap``-ed over the cohort; the SGD update is then applied in place to the stacked
-parameters (one pass per tensor, no copies: large models are memory-bound here). Clients are sorted by their
-step counts, so at step ``s`` the clients still training are a prefix of the cohort: the
+parameters (one pass per tensor, no copies: large models are memory-bound here). Clients
+are sorted by their step counts, so at step ``s`` the clients still training are a prefix
+of the cohort: the
 step runs on that prefix only (finished clients are dropped from the batch, not masked
 into it). The step is a pure tensors-in/tensors-out function, so ``torch.compile`` can
 take it whole.
