@@ -5,8 +5,8 @@ and ``vmap``-ed over the cohort; the SGD update is then applied in place to the 
 parameters (one pass per tensor, no copies: large models are memory-bound here). Clients
 are sorted by their step counts, so at step ``s`` the clients still training are a prefix
 of the cohort: the step runs on that prefix only (finished clients are dropped from the
-batch, not masked into it). The step is a pure tensors-in/tensors-out function, so ``torch.compile`` can
-take it whole.
+batch, not masked into it). The step is a pure tensors-in/tensors-out function, so
+``torch.compile`` can take it whole.
 
 When the loss is declared plain cross-entropy and the model is an MLP, a fused in-place
 step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
