@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine.fused import plain_cross_entropy
 from ..engine.tree import Tree
 from .base import ClientResult, Payload, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state
@@ -27,6 +28,7 @@ class FedAvgHyper:
 class FedAvg(GlobalModelAlgorithm):
     Hyper = FedAvgHyper
 
+    @plain_cross_entropy
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         """Local empirical risk R_i(w); ``anchor`` (the received model) is unused here."""
         return cross_entropy(self.ctx.forward(params, buffers, x), y, w)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine.fused import plain_cross_entropy
 from ..engine.tree import Tree
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -34,6 +35,7 @@ class Local(Algorithm):
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload()  # nothing is sent
 
+    @plain_cross_entropy
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 

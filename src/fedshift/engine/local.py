@@ -1,11 +1,15 @@
 """Local training for a whole cohort at once.
 
-The client step is written once for a single client — ``grad`` of the algorithm's loss,
-then a functional SGD update — and ``vmap``-ed over the cohort. Clients are sorted by their
-step counts, so at step ``s`` the clients still training are a prefix of the cohort: the
-step runs on that prefix only (finished clients are dropped from the batch, not masked
-into it). The step is a pure tensors-in/tensors-out function, so ``torch.compile`` can
-take it whole.
+The client step is written once for a single client — ``grad`` of the algorithm's loss —
+and ``vmap``-ed over the cohort; the SGD update is then applied in place to the stacked
+parameters (one pass per tensor, no copies: large models are memory-bound here). Clients
+are sorted by their step counts, so at step ``s`` the clients still training are a prefix
+of the cohort: the step runs on that prefix only (finished clients are dropped from the
+batch, not masked into it). The step is a pure tensors-in/tensors-out function, so
+``torch.compile`` can take it whole.
+
+When the loss is declared plain cross-entropy and the model is an MLP, a fused in-place
+step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from ..data.federated import Split
 from ..models.base import FedModel
+from .allocator import keep_freed_memory
+from .fused import FusedMLPStep, loss_scale
 from .schedule import Schedule
-from .sgd import SGDConfig, sgd_step
+from .sgd import SGDConfig, sgd_update_
 from .tree import Tree, take
 
 # loss_fn(params, buffers, extras, x, y, w) -> scalar, for ONE client (vmapped by the trainer)
@@ -36,10 +43,12 @@ class TrainResult:
 
 
 class LocalTrainer:
-    def __init__(self, model: FedModel, compile: bool = False) -> None:
+    def __init__(self, model: FedModel, compile: bool = False, fused: bool = True) -> None:
         self.model = model
         self.compile = compile
+        self.fused = fused  # allow the fused cross-entropy MLP step where it applies
         self._steps: dict = {}
+        keep_freed_memory()
 
     def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
         """The model as a pure function of its parameters and buffers."""
@@ -54,14 +63,12 @@ class LocalTrainer:
             loss = loss_fn({**frozen, **trained}, buffers, extras, x, y, w)
             return loss, loss
 
-        def step(trained, frozen, buffers, momentum, shared, per_client, x, y, w):
-            grads, loss = grad(objective, has_aux=True)(
+        def step(trained, frozen, buffers, shared, per_client, x, y, w):
+            return grad(objective, has_aux=True)(
                 trained, frozen, buffers, {**shared, **per_client}, x, y, w
             )
-            new, momentum = sgd_step(trained, grads, momentum, sgd)
-            return new, momentum, loss
 
-        fn = vmap(step, in_dims=(0, 0, 0, 0, None, 0, 0, 0, 0))
+        fn = vmap(step, in_dims=(0, 0, 0, None, 0, 0, 0, 0))
         if self.compile:
             fn = torch.compile(fn, dynamic=True)
         self._steps[key] = fn
@@ -103,31 +110,50 @@ class LocalTrainer:
         momentum = {k: torch.zeros_like(v) for k, v in trained.items()}
         pc = take(per_client or {}, order.to(device))
         loss_sum = torch.zeros(len(order), device=device)
-        step = self._step_fn(loss_fn, sgd, train_keys)
         self.model.train()
-        active_counts = [(steps > s).sum().item() for s in range(schedule.max_steps)]
-        for s, k in enumerate(active_counts):
+        # active clients at step s: those with steps > s (a prefix: steps sort descending)
+        steps_np = steps.numpy()
+        active = (steps_np[None, :] > np.arange(schedule.max_steps)[:, None]).sum(1).tolist()
+        layers = FusedMLPStep.applies(loss_fn, self.model, buffers, noise) if self.fused else None
+        if layers is not None:
+            fused = FusedMLPStep(layers, sgd, train_keys)
+            every = {**trained, **frozen}
+            x_flat = split.x.reshape(split.x.shape[0], -1)
+            y1 = split.y[idx].unsqueeze(-1)  # [C, S, B, 1] labels of every slot
+            scale = loss_scale(wgt)  # [C, S, B]
+            views: dict[int, tuple[Tree, Tree]] = {}  # the k-client prefixes, per k
+            for s, k in enumerate(active):
+                if k not in views:
+                    views[k] = (
+                        {n: t[:k] for n, t in every.items()},
+                        {n: t[:k] for n, t in momentum.items()},
+                    )
+                rows = idx[:k, s].reshape(-1)
+                a = x_flat.index_select(0, rows).view(k, -1, x_flat.shape[1])
+                loss_sum[:k] += fused.run(*views[k], a, y1[:k, s], scale[:k, s])
+            active = []
+        step = self._step_fn(loss_fn, sgd, train_keys) if active else None
+        for s, k in enumerate(active):
             rows = idx[:k, s]
+            xb = split.x.index_select(0, rows.reshape(-1)).view(*rows.shape, *split.x.shape[1:])
             extras = take(pc, slice(0, k))
             if split.env is not None:
                 extras["env"] = split.env[rows]  # [k, B] environment id of each sample
             for name, shape in (noise or {}).items():
                 draws = [torch.randn(shape, generator=generators[int(order[j])]) for j in range(k)]
                 extras[name] = torch.stack(draws).to(device)
-            new, mom, loss = step(
-                take(trained, slice(0, k)),
+            mine = take(trained, slice(0, k))  # views: updated in place below
+            grads, loss = step(
+                mine,
                 take(frozen, slice(0, k)),
                 take(bufs, slice(0, k)),
-                take(momentum, slice(0, k)),
                 shared or {},
                 extras,
-                split.x[rows],
+                xb,
                 split.y[rows],
                 wgt[:k, s],
             )
-            for name in train_keys:
-                trained[name][:k] = new[name]
-                momentum[name][:k] = mom[name]
+            sgd_update_(mine, grads, take(momentum, slice(0, k)), sgd)
             loss_sum[:k] += loss.detach()
         out = {**trained, **frozen}
         mean_loss = loss_sum / steps.clamp(min=1).to(device)

@@ -35,3 +35,17 @@ def sgd_step(
         new_p[k] = p - cfg.lr * b
         new_b[k] = b
     return new_p, new_b
+
+
+def sgd_update_(
+    params: dict[str, Tensor], grads: dict[str, Tensor], bufs: dict[str, Tensor], cfg: SGDConfig
+) -> None:
+    """:func:`sgd_step` in place on (views of) stacked ``params`` and ``bufs``: one pass over
+    each parameter instead of fresh tensors plus a copy back (the gradients are consumed)."""
+    for k, g in grads.items():
+        p = params[k]
+        if cfg.weight_decay:
+            g = g.add_(p, alpha=cfg.weight_decay)
+        if cfg.momentum:
+            g = bufs[k].mul_(cfg.momentum).add_(g)
+        p.add_(g, alpha=-cfg.lr)

@@ -1,0 +1,227 @@
+"""Seconds per round, fedshift against a sequential reference, measured side by side.
+
+    python benchmarks/round_speed.py [--quick] [--json] [--threads 2] [--only w1,w2,w3]
+
+W1  FedAvg, MLP 784-100-10, MNIST, 20 clients, Dirichlet α = 0.1 (per-class), batch 10,
+    1 local epoch, lr 0.005, full participation; reference: ``classic_fedavg_round``.
+W2  the same with the FedAvg CNN (``--quick`` and the default cap MNIST to fewer images,
+    since one reference round on all 54k images takes minutes on 2 cores).
+W3  FedPIN and Ditto on ``cmnist``: 80 clients at rate 0.1, and 8 clients at full
+    participation; reference: the same algorithm with ``SequentialTrainer`` (each client's
+    own loss, one module per client, autograd, torch.optim.SGD, DataLoader batches).
+
+Rounds alternate (fedshift round r, then reference round r) after one warm-up round of each,
+so both see the same machine load; figures are medians over the timed rounds, and the
+ratio is the median of the per-pair ratios. W1 also reports the arithmetic rate of a round
+(useful model FLOPs / seconds) as a fraction of a plain ``torch.mm`` (2048², float32)
+measured between the rounds. ``--json`` prints one JSON object (keys ``w1.ratio`` …).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+# Idle OpenMP threads sleep instead of spinning: on a shared machine, spinning threads of
+# several processes starve each other (measured: 10–90× slower 2-thread steps). Must be
+# set before torch loads its OpenMP runtime; an explicit setting in the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reference import SequentialTrainer, classic_fedavg_round  # noqa: E402
+
+import fedshift as fs  # noqa: E402
+from fedshift.algorithms import ALGORITHMS  # noqa: E402
+from fedshift.experiment import build_experiment  # noqa: E402
+
+LR, BATCH, EPOCHS, SEED = 0.005, 10, 1, 0
+
+
+def mm_gflops(n: int = 2048, reps: int = 3) -> tuple[float, float]:
+    """Best GFLOP/s of a plain float32 ``torch.mm`` (n × n), on wall and on CPU time."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    wall = cpu = math.inf
+    for _ in range(reps):
+        w, c = timed(lambda: torch.mm(a, b))
+        wall, cpu = min(wall, w), min(cpu, c)
+    return 2 * n**3 / wall / 1e9, 2 * n**3 / cpu / 1e9
+
+
+def mlp_flops_per_sample(model: torch.nn.Module) -> float:
+    """Training FLOPs of one sample: forward, weight gradients, and input gradients of
+    every Linear but the first (2 FLOPs per multiply-add)."""
+    macs = [
+        m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)
+    ]
+    return 2.0 * (2 * sum(macs) + sum(macs[1:]))
+
+
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``fn()``."""
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
+def pairs(fs_round, ref_round, rounds: int, between=None) -> dict:
+    """Warm up both, then alternate; medians of seconds and of per-pair ratios."""
+    fs_round(0)
+    ref_round(0)
+    a, b, extra = [], [], []
+    for r in range(1, rounds + 1):
+        if between:
+            extra.append(between())
+        a.append(timed(lambda r=r: fs_round(r)))
+        b.append(timed(lambda r=r: ref_round(r)))
+    wa, ca = zip(*a, strict=True)
+    wb, cb = zip(*b, strict=True)
+    out = {
+        "fedshift_s": statistics.median(wa),
+        "reference_s": statistics.median(wb),
+        "ratio": statistics.median(y / x for x, y in zip(wa, wb, strict=True)),
+        "fedshift_cpu_s": statistics.median(ca),
+        "reference_cpu_s": statistics.median(cb),
+        "cpu_ratio": statistics.median(y / x for x, y in zip(ca, cb, strict=True)),
+        "fedshift_all_s": [round(v, 4) for v in wa],
+        "reference_all_s": [round(v, 4) for v in wb],
+    }
+    if extra:
+        out["between"] = extra
+    return out
+
+
+def dirichlet_mnist(samples: int):
+    return fs.scenario(
+        "dirichlet",
+        dataset="mnist",
+        clients=20,
+        alpha=0.1,
+        proportions="per-class",
+        samples=samples,
+        seed=SEED,
+    )
+
+
+def fedavg_workload(model: str, options: dict, samples: int, rounds: int) -> dict:
+    data = dirichlet_mnist(samples)
+    cfg = fs.make_config(
+        algorithm="fedavg",
+        model=model,
+        model_options=options,
+        lr=LR,
+        batch_size=BATCH,
+        local_epochs=EPOCHS,
+        rounds=rounds + 1,
+        participation=1.0,
+        seed=SEED,
+    )
+    runner = build_experiment(cfg, data=data).runner
+    ref_model = build_experiment(cfg, data=data).ctx.model  # same seeded initial weights
+    ids = list(range(data.num_clients))
+
+    def ref_round(r: int) -> None:
+        classic_fedavg_round(
+            ref_model, data, ids, lr=LR, batch_size=BATCH, epochs=EPOCHS, seed=SEED, round_=r
+        )
+
+    out = pairs(
+        runner.train_round, ref_round, rounds, between=mm_gflops if model == "mlp" else None
+    )
+    out["clients"] = data.num_clients
+    out["samples"] = int(data.train.sizes().sum())
+    out["client_steps"] = int(sum(-(-int(n) // BATCH) for n in data.train.sizes()))
+    if model == "mlp":
+        flops = mlp_flops_per_sample(runner.ctx.model) * out["samples"] * EPOCHS
+        mms = out.pop("between")
+        mm = statistics.median(m[0] for m in mms)
+        out["gflop_per_round"] = flops / 1e9
+        out["gflops"] = flops / out["fedshift_s"] / 1e9
+        out["mm_gflops"] = mm
+        out["fraction_of_mm"] = out["gflops"] / mm
+        # the same on CPU time (robust to other processes when the run has 1 thread)
+        out["cpu_gflops"] = flops / out["fedshift_cpu_s"] / 1e9
+        out["mm_cpu_gflops"] = statistics.median(m[1] for m in mms)
+        out["cpu_fraction_of_mm"] = out["cpu_gflops"] / out["mm_cpu_gflops"]
+    return out
+
+
+def w3_case(algorithm: str, clients: int, rate: float, samples: int, rounds: int) -> dict:
+    data = fs.scenario("cmnist", clients=clients, samples=samples, seed=SEED)
+    cfg = fs.make_config(
+        algorithm=algorithm,
+        lr=LR,
+        batch_size=BATCH,
+        local_epochs=EPOCHS,
+        rounds=rounds + 1,
+        participation=rate,
+        seed=SEED,
+    )
+    runner = build_experiment(cfg, data=data).runner
+    ref = build_experiment(cfg, data=data)
+    ref.ctx.trainer = SequentialTrainer(ref.ctx.model)
+    out = pairs(runner.train_round, ref.runner.train_round, rounds)
+    out["clients"], out["per_round"], out["model"] = clients, runner.k, type(ref.ctx.model).__name__
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small round counts (<= 5 min)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default="w1,w2,w3")
+    ap.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 2 quick, 5 full)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rounds = args.rounds or (2 if args.quick else 5)
+    only = set(args.only.split(","))
+    res: dict = {
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "quick": args.quick,
+        "rounds": rounds,
+    }
+    if "w1" in only:
+        res["w1"] = fedavg_workload("mlp", {"hidden": [100]}, 0, rounds)
+    if "w2" in only:
+        res["w2"] = fedavg_workload("fedavg-cnn", {}, 1000 if args.quick else 5000, rounds)
+    if "w3" in only:
+        algs = [a for a in ("fedpin", "ditto") if a in ALGORITHMS]
+        samples = 4000 if args.quick else 0
+        res["w3"] = {
+            f"{a}.{n}x{rate:g}": w3_case(a, n, rate, samples, rounds)
+            for a in algs
+            for n, rate in ((80, 0.1), (8, 1.0))
+        }
+        res["w3"]["ratio"] = min(v["ratio"] for v in res["w3"].values())
+    flat = {}
+    for key, val in res.items():
+        if isinstance(val, dict):
+            for k2, v2 in val.items():
+                if isinstance(v2, dict):
+                    for k3, v3 in v2.items():
+                        flat[f"{key}.{k2}.{k3}"] = v3
+                else:
+                    flat[f"{key}.{k2}"] = v2
+        else:
+            flat[key] = val
+    if args.json:
+        print(json.dumps(flat))
+        return
+    for k, v in flat.items():
+        print(f"{k:40s} {v:.4g}" if isinstance(v, float) else f"{k:40s} {v}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""The Moreau-envelope (pFedMe-style) personal step, shared by pFedMe, FedSDR+pFedMe and
+PerInvFL: an approximate solve of θ̃ = argmin_θ f(θ) + (λ/2)‖θ − w‖² on one minibatch, and
+the surrogate loss through which the engine's single SGD step applies both updates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import Tensor
+from torch.func import grad
+
+from ...engine.tree import Tree
+from .losses import squared_distance
+
+
+def prox_solve(
+    loss: Callable[[Tree], Tensor], theta: Tree, anchor: Tree, lam: float, lr: float, steps: int
+) -> Tree:
+    """``steps`` gradient steps (lr ``lr``) on loss(θ) + (λ/2)‖θ − anchor‖², from ``theta``.
+    Runs inside a (vmapped) loss; the result carries no gradient to ``theta`` or ``anchor``."""
+    theta = {k: v.detach() for k, v in theta.items()}
+    anchor = {k: v.detach() for k, v in anchor.items()}
+
+    def objective(t: Tree) -> Tensor:
+        return loss(t) + 0.5 * lam * squared_distance(t, anchor)
+
+    for _ in range(steps):
+        g = grad(objective)(theta)
+        theta = {k: theta[k] - lr * g[k] for k in theta}
+    return theta
+
+
+def move_to(params: Tree, target: Tree, lr: float) -> Tensor:
+    """A loss whose gradient step with learning rate ``lr`` puts ``params`` exactly at
+    ``target`` (plain SGD): ½/lr ‖params − sg(target)‖²."""
+    return squared_distance(params, {k: v.detach() for k, v in target.items()}) / (2.0 * lr)
+
+
+def pull_towards(params: Tree, target: Tree, strength: float) -> Tensor:
+    """A loss with gradient strength·(params − target), target held fixed: one SGD step with
+    lr η gives params ← params − η·strength·(params − target) (pFedMe's local w update)."""
+    return 0.5 * strength * squared_distance(params, {k: v.detach() for k, v in target.items()})
+
+
+def report_as(surrogate: Tensor, value: Tensor) -> Tensor:
+    """``surrogate``'s gradient with ``value``'s number (so training logs show a real loss)."""
+    return surrogate - surrogate.detach() + value.detach()

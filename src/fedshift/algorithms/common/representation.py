@@ -1,0 +1,74 @@
+"""The extractor/head split as pure functions, and representation-level loss terms shared by
+the invariant personalized methods (FedPIN, FedSDR). Each loss acts on ONE client's batch;
+the trainer vmaps it over the cohort. ``w`` is the per-sample weight (0 = empty slot)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.func import functional_call
+
+from ...engine.tree import Tree, strip_prefix
+from .losses import weighted_mean
+
+
+def features(model, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
+    """Φ(x): the model's extractor as a pure function of the ``extractor.*`` tensors."""
+    sub = (strip_prefix(params, "extractor."), strip_prefix(buffers, "extractor."))
+    return functional_call(model.extractor, sub, (x,))
+
+
+def head(model, params: Tree, buffers: Tree, z: Tensor) -> Tensor:
+    """ω(z): the model's classifier head as a pure function of the ``head.*`` tensors."""
+    sub = (strip_prefix(params, "head."), strip_prefix(buffers, "head."))
+    return functional_call(model.head, sub, (z,))
+
+
+def one_hot(labels: Tensor, n: int, dtype: torch.dtype) -> Tensor:
+    """One-hot rows that work under vmap (``F.one_hot`` does not)."""
+    return (labels[:, None] == torch.arange(n, device=labels.device)).to(dtype)
+
+
+def _batch_mean(z: Tensor, w: Tensor) -> Tensor:
+    return (z * w[:, None]).sum(0) / w.sum().clamp(min=1.0)
+
+
+def feature_variance(z: Tensor, w: Tensor) -> Tensor:
+    """Var(Φ(X)) of FedPIN's eq. (5.11): the batch variance of each feature dimension,
+    averaged over dimensions (our normalisation, so the weight does not scale with width)."""
+    centred = z - _batch_mean(z, w)
+    return _batch_mean(centred**2, w).mean()
+
+
+def contrastive_loss(z: Tensor, positive: Tensor, negatives: Tensor, tau: float, w: Tensor):
+    """L_con of FedPIN's Prop. 5.4.3:
+    −log e^{s(z,z⁺)/τ} / (e^{s(z,z⁺)/τ} + Σ_{x'∈B} e^{s(z,n(x'))/τ}), with s the cosine
+    similarity; every real sample of the batch is a negative for every anchor (empty slots,
+    w = 0, are excluded); averaged over the real anchors."""
+    zn, pn, nn_ = (F.normalize(t, dim=-1, eps=1e-8) for t in (z, positive, negatives))
+    pos = (zn * pn).sum(-1) / tau  # [B]
+    neg = zn @ nn_.T / tau  # [B, B]
+    neg = torch.where(w[None, :] > 0, neg, torch.full_like(neg, float("-inf")))
+    logits = torch.cat([pos[:, None], neg], dim=1)
+    return weighted_mean(torch.logsumexp(logits, dim=1) - pos, w)
+
+
+def conditional_cross_moment_l1(phi: Tensor, psi: Tensor, y: Tensor, w: Tensor, classes: int):
+    """FedSDR's estimator of I(Φ; Ψ | Y) (thesis §4.4.2):
+    ‖ (1/M) Σ_m Φ(x_m) ⊗ (Ψ(x_m) − mean of Ψ over the batch samples with label y_m) ‖₁,
+    the L1 norm of the cross-moment matrix between Φ and the class-centred Ψ."""
+    member = one_hot(y, classes, psi.dtype)  # [B, K]
+    onehot = member * w[:, None]
+    class_mean = (onehot.T @ psi) / onehot.sum(0).clamp(min=1.0)[:, None]  # [K, d_psi]
+    centred = psi - member @ class_mean
+    moment = (phi * w[:, None]).T @ centred / w.sum().clamp(min=1.0)  # [d_phi, d_psi]
+    return moment.abs().sum()
+
+
+def environment_disagreement(logits: Tensor, w: Tensor) -> Tensor:
+    """ℓ_dis of FedSDR's eq. (4.5): E_x[½ Σ_{e,e'} ‖ω_e(Ψ(x)) − ω_e'(Ψ(x))‖²] for ``logits``
+    [E, B, K], the outputs of the E environment classifiers on the same batch."""
+    diff = logits[:, None] - logits[None, :]  # [E, E, B, K]
+    per_sample = 0.5 * (diff**2).sum(dim=(0, 1, 3))
+    return weighted_mean(per_sample, w)

@@ -1,0 +1,101 @@
+"""FedSDR combined with FedAvg and with pFedMe — thesis §4.5.8, Algorithms 3 and 4 (Tang et
+al., ICLR 2024). Shortcut discovery (stage 1) is FedSDR's (``fedsdr.ShortcutDiscovery``);
+the shortcut-removal loss ℓ_SR = R(f) + γ·Î(Φ; Ψ | Y) replaces the risk of the host method.
+
+``fedsdr-fedavg`` (Alg. 3): the server also keeps a global invariant model f_θ; each client
+starts from f_θ^t, trains it on ℓ_SR for the run's local training, keeps the result as its
+personalized model f_θu and uploads it; the server averages f_θu uniformly (line 17).
+Choice: the box interleaves f, Ψ and ω_e updates per iteration; we run f's epochs first,
+against the received Ψ^t, then FedSDR's discovery iterations.
+
+``fedsdr-pfedme`` (Alg. 4): pFedMe with ℓ_SR inside the Moreau envelope: per minibatch K
+steps θ_u ← θ_u − η(∇ℓ_SR(θ_u) + μ(θ_u − w_u)), then w_u ← w_u − η_g·μ(w_u − θ_u); the box
+reuses γ for the proximal weight, we call it μ (pFedMe's λ, default 15) to keep γ for Î.
+θ_u is kept across rounds (the box never resets it). Evaluated with θ_u.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..options import opt, require
+from .base import ClientResult, Payload, RoundInfo, register_algorithm
+from .common.global_model import model_state, split_state
+from .fedsdr import FedSDR, FedSDRHyper, ShortcutDiscovery
+from .pfedme import PFedMe
+
+
+@register_algorithm("fedsdr-fedavg")
+class FedSDRFedAvg(FedSDR):
+    Hyper = FedSDRHyper
+
+    def init(self) -> Tree:
+        state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
+        return {**self.discovery_init(), **with_prefix(state, "g/")}
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        n = len(cohort)
+        params, buffers = split_state(strip_prefix(payload.broadcast, "g/"))
+        f = self.ctx.train(
+            self.sr_risk,
+            stack(params, n),
+            stack(buffers, n),
+            cohort,
+            "fedsdr/personal",
+            shared=self.psi_extras(payload.broadcast),
+        )
+        trained = model_state(f.params, f.buffers)
+        upload = {**self.discovery_train(payload, cohort), **with_prefix(trained, "g/")}
+        return ClientResult(upload, trained, cohort.num_examples, f.loss)
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        out = self.discovery_aggregate(server, uploads, info)
+        g = {k: v for k, v in uploads.items() if k.startswith("g/")}
+        return {**out, **weighted_mean(g, torch.ones(len(info.ids)))}
+
+
+@dataclass(frozen=True)
+class FedSDRPFedMeHyper(FedSDRHyper):
+    mu: float = opt(15.0, "μ: Moreau-envelope weight between θ_u and the local global copy")
+    inner_steps: int = opt(5, "K: personal steps per minibatch")
+    personal_lr: float = opt(0.1, "η: learning rate of the personal steps")
+    beta: float = opt(1.0, "server step β: w ← (1−β)w + β·mean w_u")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.mu > 0, f"algorithm.mu must be > 0, got {self.mu}")
+        require(self.inner_steps >= 0, "algorithm.inner_steps must be >= 0")
+        require(self.personal_lr > 0 and self.beta > 0, "personal_lr and beta must be > 0")
+
+
+@register_algorithm("fedsdr-pfedme")
+class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
+    Hyper = FedSDRPFedMeHyper
+    reset_personal = False  # Alg. 4 keeps θ_u across rounds
+
+    def init(self) -> Tree:
+        return {**PFedMe.init(self), **self.discovery_init()}
+
+    def prox_weight(self) -> float:
+        return self.hp.mu
+
+    def personal_risk(self, theta: Tree, buffers: Tree, extras: Tree, x, y, w):
+        return self.sr_risk(theta, buffers, extras, x, y, w)
+
+    def train_extras(self, payload: Payload, cohort) -> dict:
+        return {"shared": self.psi_extras(payload.broadcast)}
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        result = PFedMe.client_update(self, payload, state, cohort)
+        result.upload.update(self.discovery_train(payload, cohort))
+        return result
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        keys = [k for k in server if k.startswith(("p/", "b/"))]
+        w = PFedMe.aggregate(
+            self, {k: server[k] for k in keys}, {k: uploads[k] for k in keys}, info
+        )
+        return self.discovery_aggregate({**server, **w}, uploads, info)

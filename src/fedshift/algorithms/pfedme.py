@@ -1,0 +1,117 @@
+"""pFedMe — T. Dinh, N. H. Tran, T. D. Nguyen, "Personalized Federated Learning with Moreau
+Envelopes", NeurIPS 2020.
+
+Objective: min_w (1/N) Σ_i F_i(w), F_i(w) = min_θ { R_i(θ) + (λ/2)‖θ − w‖² } (the Moreau
+envelope of client i's risk). Algorithm 1 of the paper, per local step on a minibatch:
+K gradient steps (lr ``personal_lr``) from the current θ_i approximately solve the inner
+problem, giving θ̃_i; then w_i ← w_i − η·λ(w_i − θ̃_i) (η = the run's lr). After R local
+steps (the run's local_epochs / local_steps) the server sets w ← (1 − β)w + β·mean_i w_i.
+Each client is evaluated with its personalized model θ_i (pFedMe's "personalized model").
+
+Engine mapping: θ_i and w_i are trained together; the loss solves the inner problem
+(``common.proximal.prox_solve``) and returns a surrogate whose plain SGD step sets θ_i ← θ̃_i
+and w_i ← w_i − ηλ(w_i − θ̃_i) exactly, so the run's momentum and weight decay are not used.
+θ_i restarts from w at each round (the authors' code). Defaults (paper, MNIST): λ = 15,
+K = 5, personal lr 0.1, β = 1 (β = 1 averages like FedAvg). K = 0 never moves θ̃ from
+w, so w stays at the broadcast model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..engine.sgd import SGDConfig
+from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..options import opt, require
+from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
+from .common.global_model import model_state, split_state
+from .common.losses import cross_entropy
+from .common.proximal import move_to, prox_solve, pull_towards, report_as
+
+
+@dataclass(frozen=True)
+class PFedMeHyper:
+    lambda_: float = opt(15.0, "Moreau-envelope weight λ between personal θ_i and local w_i")
+    inner_steps: int = opt(5, "K: gradient steps solving the personal problem per minibatch")
+    personal_lr: float = opt(0.1, "learning rate of the K personal steps")
+    beta: float = opt(1.0, "server step β: w ← (1−β)w + β·mean w_i (β = 1 is plain averaging)")
+
+    def __post_init__(self) -> None:
+        require(self.lambda_ > 0, f"algorithm.lambda_ must be > 0, got {self.lambda_}")
+        require(self.inner_steps >= 0, "algorithm.inner_steps must be >= 0")
+        require(self.personal_lr > 0, "algorithm.personal_lr must be > 0")
+        require(self.beta > 0, f"algorithm.beta must be > 0, got {self.beta}")
+
+
+@register_algorithm("pfedme")
+class PFedMe(Algorithm):
+    Hyper = PFedMeHyper
+    personalized = True
+    reset_personal = True  # θ_i starts each round from the received w (authors' code)
+
+    def init(self) -> Tree:
+        return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
+
+    def init_client_state(self, server: Tree) -> Tree:
+        return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
+
+    def configure(self, server: Tree, cohort) -> Payload:
+        return Payload(broadcast=server)
+
+    def prox_weight(self) -> float:
+        return self.hp.lambda_
+
+    def personal_risk(self, theta: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """f_i(θ; minibatch), the risk inside the Moreau envelope (FedSDR+pFedMe overrides)."""
+        return cross_entropy(self.ctx.forward(theta, buffers, x), y, w)
+
+    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        local = {k: v for k, v in params.items() if not k.startswith("pm/")}
+        theta = strip_prefix(params, "pm/")
+        hp = self.hp
+
+        def risk(t: Tree):
+            return self.personal_risk(t, buffers, extras, x, y, w)
+
+        # Alg. 1: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃, w_i ← w_i − ηλ(w_i − θ̃)
+        lam = self.prox_weight()
+        solved = prox_solve(risk, theta, local, lam, hp.personal_lr, hp.inner_steps)
+        surrogate = move_to(theta, solved, self.ctx.sgd.lr) + pull_towards(local, solved, lam)
+        return report_as(surrogate, risk(solved))
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        n = len(cohort)
+        received, buffers = split_state(payload.broadcast)
+        personal = stack(received, n) if self.reset_personal else split_state(state)[0]
+        params = {**stack(received, n), **with_prefix(personal, "pm/")}
+        out = self.ctx.train(
+            self.loss,
+            params,
+            stack(buffers, n),
+            cohort,
+            sgd=SGDConfig(self.ctx.sgd.lr),
+            **self.train_extras(payload, cohort),
+        )
+        local = {k: v for k, v in out.params.items() if not k.startswith("pm/")}
+        return ClientResult(
+            upload=model_state(local, out.buffers),
+            state=model_state(strip_prefix(out.params, "pm/"), out.buffers),
+            num_examples=cohort.num_examples,
+            loss=out.loss,
+        )
+
+    def train_extras(self, payload: Payload, cohort) -> dict:
+        """Extra keyword arguments of the training call (``shared=`` tensors for subclasses)."""
+        return {}
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        mean = weighted_mean(uploads, info.num_examples)
+        b = self.hp.beta
+        return {
+            k: (1 - b) * server[k] + b * mean[k] if v.is_floating_point() else mean[k]
+            for k, v in server.items()
+        }
+
+    def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
+        params, buffers = split_state(state)
+        return Prediction(params, buffers, shared=False)

@@ -1,0 +1,144 @@
+"""The fused cross-entropy MLP step equals the general vmap(grad) path (and torch.optim.SGD),
+keeps cohort-size invariance, and is only taken where it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import toy_data
+
+import fedshift as fs
+from fedshift.algorithms.common.losses import cross_entropy
+from fedshift.engine.fused import FusedMLPStep, declares_plain_cross_entropy, mlp_layers
+from fedshift.engine.sgd import SGDConfig
+from fedshift.engine.tree import stack
+from fedshift.experiment import build_experiment
+from fedshift.models import build_model
+
+SETTINGS = dict(lr=0.1, batch_size=8, local_epochs=2, rounds=1)
+
+
+def train_both(sgd=None, hidden=(16, 8), model="mlp", trainable=None, seed=0):
+    """(fused, general) TrainResult of one cohort call on the toy data."""
+    data = toy_data(seed=seed)
+    opts = {"hidden": list(hidden)} if model == "mlp" else {}
+    exp = build_experiment(
+        fs.make_config(algorithm="fedavg", model=model, model_options=opts, **SETTINGS),
+        data=data,
+    )
+    ctx, alg = exp.ctx, exp.algorithm
+    cohort = ctx.cohort(torch.arange(data.num_clients), 0)
+    n = len(cohort)
+    outs = []
+    for fused in (True, False):
+        ctx.trainer.fused = fused
+        p, b = stack(ctx.initial_params, n), stack(ctx.initial_buffers, n)
+        outs.append(ctx.train(alg.loss, p, b, cohort, sgd=sgd, trainable=trainable))
+    return outs
+
+
+@pytest.mark.parametrize(
+    "sgd",
+    [SGDConfig(0.1), SGDConfig(0.05, momentum=0.9), SGDConfig(0.05, 0.5, weight_decay=0.01)],
+)
+@pytest.mark.parametrize("hidden", [(16,), (16, 8)])
+def test_fused_step_equals_general_path(sgd, hidden):
+    fused, general = train_both(sgd, hidden)
+    assert torch.equal(fused.steps, general.steps)
+    torch.testing.assert_close(fused.loss, general.loss, rtol=1e-5, atol=1e-6)
+    for k, v in general.params.items():
+        torch.testing.assert_close(fused.params[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_step_on_logistic_regression_and_frozen_layers():
+    fused, general = train_both(model="mlr")
+    for k, v in general.params.items():
+        torch.testing.assert_close(fused.params[k], v, rtol=1e-5, atol=1e-6)
+    head_only = lambda name: name.startswith("head.")  # noqa: E731
+    fused, general = train_both(trainable=head_only)
+    for k, v in general.params.items():
+        torch.testing.assert_close(fused.params[k], v, rtol=1e-5, atol=1e-6)
+        if not k.startswith("head."):  # frozen: untouched
+            torch.testing.assert_close(v, fused.params[k], rtol=0, atol=0)
+
+
+def test_fused_step_matches_torch_optim_sgd_with_a_short_batch():
+    """One client, two steps, the second batch half empty (zero weights)."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (5,), 3, {"hidden": [7]})
+    layers = mlp_layers(model)
+    cfg = SGDConfig(0.2, momentum=0.5, weight_decay=0.1)
+    keys = tuple(k for k, _ in model.named_parameters())
+    step = FusedMLPStep(layers, cfg, keys)
+    params = {k: v.detach().clone().unsqueeze(0) for k, v in model.named_parameters()}
+    mom = {k: torch.zeros_like(v) for k, v in params.items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5, weight_decay=0.1)
+    x, y = torch.randn(2, 4, 5), torch.randint(0, 3, (2, 4))
+    w = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0]])
+    for s in range(2):
+        real = w[s] > 0
+        opt.zero_grad()
+        ref = torch.nn.functional.cross_entropy(model(x[s][real]), y[s][real])
+        ref.backward()
+        opt.step()
+        loss = step(params, mom, x[s : s + 1], y[s : s + 1], w[s : s + 1])
+        torch.testing.assert_close(loss[0], ref.detach())
+    for k, v in model.named_parameters():
+        torch.testing.assert_close(params[k][0], v.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_cohort_size_invariance_on_the_fused_path():
+    data = toy_data()
+    outs = [
+        fs.run(
+            algorithm="fedavg", data=data, cohort_size=c, model_options={"hidden": [16]}, **SETTINGS
+        )
+        for c in (1, 3, 0)
+    ]
+    for o in outs[1:]:
+        for k, v in outs[0].result.server.items():
+            torch.testing.assert_close(o.result.server[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_step_only_where_it_applies():
+    mlp = build_model("mlp", (1, 28, 28), 10, {"hidden": [32]})
+    cnn = build_model("fedavg-cnn", (1, 28, 28), 10, {})
+    assert [layer.relu for layer in mlp_layers(mlp)] == [True, False]
+    assert mlp_layers(cnn) is None
+
+    def plain(params, buffers, extras, x, y, w):
+        return cross_entropy(x, y, w)
+
+    assert not declares_plain_cross_entropy(plain)
+    assert FusedMLPStep.applies(plain, mlp, {}, None) is None
+    exp = build_experiment(fs.make_config(algorithm="fedavg", **SETTINGS), data=toy_data())
+    loss = exp.algorithm.loss
+    assert declares_plain_cross_entropy(loss)
+    assert FusedMLPStep.applies(loss, mlp, {}, None) is not None
+    assert FusedMLPStep.applies(loss, mlp, {}, {"eps": (3,)}) is None  # noise: general path
+    prox = build_experiment(fs.make_config(algorithm="fedprox", **SETTINGS), data=toy_data())
+    assert not declares_plain_cross_entropy(prox.algorithm.loss)  # overrides the loss
+
+
+@pytest.mark.parametrize(
+    "cfg", [SGDConfig(0.1), SGDConfig(0.1, momentum=0.9), SGDConfig(0.1, 0.5, weight_decay=0.01)]
+)
+def test_in_place_sgd_update_equals_functional_sgd(cfg):
+    from fedshift.engine.sgd import sgd_step, sgd_update_
+
+    torch.manual_seed(0)
+    p = {"w": torch.randn(3, 5, 4)}
+    buf = {"w": torch.zeros(3, 5, 4)}
+    p2 = {"w": p["w"].clone()}
+    buf2 = {"w": buf["w"].clone()}
+    for _ in range(3):
+        g = torch.randn(3, 5, 4)
+        p, buf = sgd_step(p, {"w": g}, buf, cfg)
+        sgd_update_(p2, {"w": g.clone()}, buf2, cfg)
+    torch.testing.assert_close(p2["w"], p["w"])
+
+
+def test_keep_freed_memory_is_idempotent():
+    from fedshift.engine.allocator import keep_freed_memory
+
+    assert keep_freed_memory() == keep_freed_memory()

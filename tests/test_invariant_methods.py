@@ -1,0 +1,156 @@
+"""Invariant personalized methods: FedPIN, FedSDR (+FedAvg, +pFedMe), PerInvFL, pFedMe."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from toy import toy_data
+
+import fedshift as fs
+from fedshift.algorithms.pfedme import PFedMe, PFedMeHyper
+from fedshift.api import make_config
+from fedshift.data.federated import FederatedData, Split
+from fedshift.engine.sgd import SGDConfig, sgd_step
+from fedshift.errors import FedshiftError
+from fedshift.experiment import build_experiment
+
+SETTINGS = dict(lr=0.1, batch_size=8, local_steps=3, rounds=2, model_options={"hidden": [8]})
+SIZES = (5, 17, 30, 9)
+
+
+def env_toy() -> FederatedData:
+    """toy data whose clients hold one of two training environments (even/odd client)."""
+    d = toy_data(sizes=SIZES)
+    sizes = d.train.sizes()
+    env = torch.repeat_interleave(torch.arange(len(SIZES)) % 2, sizes)
+    d.train = Split(d.train.x, d.train.y, d.train.offsets, env)
+    d.train_env_names = ["even", "odd"]
+    return d
+
+
+def run(algorithm, options=None, **kw):
+    return fs.run(
+        algorithm=algorithm,
+        data=env_toy(),
+        algorithm_options=options or {},
+        **{**SETTINGS, **kw},
+    )
+
+
+CASES = [
+    ("pfedme", {"inner_steps": 2}),
+    ("fedpin", {}),
+    ("fedsdr", {"personal_epochs": 1, "gamma": 0.1}),
+    ("fedsdr-fedavg", {"personal_epochs": 1, "gamma": 0.1}),
+    ("fedsdr-pfedme", {"personal_epochs": 1, "gamma": 0.1, "inner_steps": 2}),
+    ("perinvfl", {"anneal_rounds": 1, "irm_lambda": 10.0, "personal_steps": 2}),
+    ("perinvfl", {"inv": "groupdro", "personal_steps": 2}),
+]
+
+
+@pytest.mark.parametrize("algorithm,options", CASES)
+def test_cohort_size_does_not_change_results(algorithm, options):
+    outs = [run(algorithm, options, cohort_size=c) for c in (1, 0)]
+    assert outs[1].metrics["per_client"] == pytest.approx(outs[0].metrics["per_client"], abs=1e-9)
+    for k, v in outs[0].result.server.items():
+        torch.testing.assert_close(outs[1].result.server[k], v, rtol=1e-5, atol=1e-6)
+
+
+def same_clients(a, b):
+    assert a.metrics["per_client"] == pytest.approx(b.metrics["per_client"], abs=1e-9)
+
+
+def test_fedpin_lambda_gamma_zero_personal_model_is_local_erm():
+    # with λ = γ = 0 the personal model never sees the anchor: α cannot change it
+    a = run("fedpin", {"lambda_": 0.0, "gamma": 0.0, "alpha": 0.0})
+    b = run("fedpin", {"lambda_": 0.0, "gamma": 0.0, "alpha": 5.0})
+    same_clients(a, b)
+    assert not torch.equal(a.result.server["aux.weight"], b.result.server["aux.weight"])
+    # ... while with λ > 0 it depends on the global anchor
+    c = run("fedpin", {"lambda_": 1.0, "gamma": 0.0, "alpha": 0.0})
+    d = run("fedpin", {"lambda_": 1.0, "gamma": 0.0, "alpha": 5.0})
+    assert c.metrics["per_client"] != pytest.approx(d.metrics["per_client"], abs=1e-6)
+
+
+def test_fedpin_variants_and_validation():
+    gm = run("fedpin", {"variant": "gm"})
+    pm0 = run("fedpin", {"variant": "pm-lambda0", "gamma": 0.0})
+    pm = run("fedpin", {"lambda_": 0.0, "gamma": 0.0})
+    same_clients(pm0, pm)  # pm-lambda0 is pm with λ = 0
+    # gm evaluates the global model; its accuracy per client differs from personal models
+    assert gm.metrics["per_client"] != pytest.approx(pm.metrics["per_client"], abs=1e-6)
+    for v in ("gm-ft", "gm-l2", "pm-gamma0"):
+        assert run("fedpin", {"variant": v}).metrics["average"] >= 0
+    with pytest.raises(FedshiftError):
+        run("fedpin", {"variant": "nope"})
+    with pytest.raises(FedshiftError):
+        run("fedpin", {"tau": 0.0})
+
+
+def test_fedsdr_gamma_zero_personal_models_ignore_discovery():
+    a = run("fedsdr", {"gamma": 0.0, "lambda_": 0.0, "personal_epochs": 1})
+    b = run("fedsdr", {"gamma": 0.0, "lambda_": 0.5, "personal_epochs": 1})
+    same_clients(a, b)
+    sd = [k for k in a.result.server if k.startswith("sd/p/")]
+    assert any(not torch.equal(a.result.server[k], b.result.server[k]) for k in sd)
+
+
+def test_fedsdr_environment_classifiers_average_over_holders_only():
+    out = run("fedsdr", {"personal_epochs": 1, "gamma": 0.1}, rounds=1)
+    w0 = run("fedsdr", {"personal_epochs": 1, "gamma": 0.1}, rounds=0).result.server
+    # both environments are held by some client, so both classifiers moved
+    for e in range(2):
+        assert not torch.equal(out.result.server["env.weight"][e], w0["env.weight"][e])
+
+
+def test_fedsdr_needs_environment_ids():
+    with pytest.raises(FedshiftError, match="environment ids"):
+        fs.run(algorithm="fedsdr", data=toy_data(sizes=SIZES), **SETTINGS)
+
+
+def test_perinvfl_beta_zero_personal_models_are_local_and_alpha_zero_freezes_nu():
+    a = run("perinvfl", {"beta": 0.0, "alpha": 0.0, "personal_steps": 2})
+    b = run("perinvfl", {"beta": 0.0, "alpha": 1.0, "personal_steps": 2})
+    same_clients(a, b)
+    init = run("perinvfl", {"personal_steps": 2}, rounds=0).result.server
+    for k, v in init.items():
+        if k.startswith("p/"):
+            torch.testing.assert_close(a.result.server[k], v)
+
+
+def test_pfedme_zero_inner_steps_keeps_the_global_model():
+    init = run("pfedme", {"inner_steps": 2}, rounds=0).result.server
+    out = run("pfedme", {"inner_steps": 0}).result.server
+    for k, v in init.items():
+        torch.testing.assert_close(out[k], v)
+
+
+def test_pfedme_step_matches_algorithm_by_hand():
+    """One engine step of the pFedMe surrogate = K personal steps, then w ← w − ηλ(w − θ̃)."""
+    exp = build_experiment(
+        make_config(algorithm="pfedme", **{**SETTINGS, "lr": 0.05}),
+        data=toy_data(sizes=SIZES),
+    )
+    ctx = exp.ctx
+    hp = PFedMeHyper(lambda_=4.0, inner_steps=3, personal_lr=0.2)
+    alg = PFedMe(hp, ctx)
+    g = torch.Generator().manual_seed(1)
+    w = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in ctx.initial_params.items()}
+    theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in w.items()}
+    x, y = ctx.data.train.x[:6], ctx.data.train.y[:6]
+    ones = torch.ones(6)
+    params = {**w, **{f"pm/{k}": v for k, v in theta.items()}}
+    grads = torch.func.grad(lambda p: alg.loss(p, {}, {}, x, y, ones))(params)
+    new, _ = sgd_step(params, grads, {}, SGDConfig(0.05))
+    # by hand
+    t = {k: v.clone().requires_grad_(True) for k, v in theta.items()}
+    for _ in range(3):
+        risk = torch.nn.functional.cross_entropy(ctx.forward(t, {}, x), y)
+        prox = sum(((t[k] - w[k]) ** 2).sum() for k in w)
+        gr = torch.autograd.grad(risk + 2.0 * prox, list(t.values()))
+        steps = zip(t.items(), gr, strict=True)
+        t = {k: (v - 0.2 * gk).detach().requires_grad_(True) for (k, v), gk in steps}
+    for k in w:
+        torch.testing.assert_close(new[f"pm/{k}"], t[k].detach(), rtol=1e-5, atol=1e-6)
+        hand_w = w[k] - 0.05 * 4.0 * (w[k] - t[k].detach())
+        torch.testing.assert_close(new[k], hand_w, rtol=1e-5, atol=1e-6)
