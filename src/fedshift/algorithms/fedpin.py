@@ -4,7 +4,7 @@ ICML 2024 (thesis ch. 5, Algorithm 5).
 
 Global anchor (eq. 5.5, Prop. 5.4.1):
 min_{Φ_g, ω_g} E_u[(1+α)·R(ω_g∘Φ_g; D_u) − α·R(ω_a(Φ_g, u); D_u)]
-with ω_a = argmin R(ω_a(Φ_g, u)), an auxiliary linear classifier on [Φ_g(x), one-hot(u)].
+with ω_a = argmin R(ω_a(Φ_g, u)), an auxiliary classifier of Φ_g(x) and the client index u.
 Local (eq. 5.11): an ERM model Ψ_u, and the personalized model ω_u∘Φ_u trained on
 R + λ·L_con(Φ_u; Φ_g, Ψ_u) + γ·Var(Φ_u(X)). Per round (Alg. 5): K epochs of Ψ_u, then K
 epochs of the personalized model against the received Φ_g, then R epochs (the run's
@@ -12,8 +12,12 @@ local training) of the global sub-objective; the server averages Φ_g, ω_g, ω_
 
 Choices: (1) the box's joint gradient step would make ω_a *maximise* its own risk; we follow
 Prop. 5.4.1 instead: ω_a descends R_a with Φ_g held fixed while Φ_g receives −α∇R_a (a
-gradient-reversal reading). (2) The thesis lists no values for α, λ, γ, τ, K; the defaults
-below are ours (documented in docs/methods/invariant.md). (3) Ablations of Table 5.2 are
+gradient-reversal reading). (2) ω_a(z, u) = (W + W_u)z + b + b_u: a linear layer on
+[z, one-hot(u), z ⊗ one-hot(u)]. A layer on [z, one-hot(u)] alone could only shift each client's
+logits and never see how the z–y relation differs between clients, which is what
+I(E,U;Y|Φ_g) measures; each client trains (and uploads) only its own row W_u, b_u.
+(3) The thesis lists no values for α, λ, γ, τ, K; the defaults
+below are ours (documented in docs/methods/invariant.md). (4) Ablations of Table 5.2 are
 ``variant``: gm (global model), gm-ft (global model fine-tuned K epochs at evaluation),
 gm-l2 (personal model trained with R + (μ/2)‖θ − θ_g‖²), pm-lambda0, pm-gamma0, pm.
 λ = γ = 0 leaves the personal model to plain local ERM.
@@ -34,6 +38,8 @@ from .common.losses import cross_entropy, squared_distance
 from .common.proximal import report_as
 from .common.representation import contrastive_loss, feature_variance, features, head
 
+SHARED_AUX = ("aux.weight", "aux.bias")
+CLIENT_AUX = ("aux.client_weight", "aux.client_bias")  # row u belongs to client u
 VARIANTS = ("gm", "gm-ft", "gm-l2", "pm-lambda0", "pm-gamma0", "pm")
 
 
@@ -62,13 +68,14 @@ class FedPIN(Algorithm):
 
     # ---- state -----------------------------------------------------------------------
     def init(self) -> Tree:
-        n, k = self.ctx.data.num_clients, self.ctx.data.num_classes
-        fan_in = self.ctx.model.feature_dim + n
+        n, k, d = self.ctx.data.num_clients, self.ctx.data.num_classes, self.ctx.model.feature_dim
         g = torch.Generator().manual_seed(self.ctx.seed)
-        bound = fan_in**-0.5  # nn.Linear's default initialisation range
+        bound = d**-0.5  # nn.Linear's default initialisation range
         aux = {
-            "aux.weight": (torch.rand(k, fan_in, generator=g) * 2 - 1) * bound,
+            "aux.weight": (torch.rand(k, d, generator=g) * 2 - 1) * bound,
             "aux.bias": (torch.rand(k, generator=g) * 2 - 1) * bound,
+            "aux.client_weight": torch.zeros(n, k, d),  # W_u, starts as the shared layer
+            "aux.client_bias": torch.zeros(n, k),
         }
         dev = self.ctx.device
         return {
@@ -81,7 +88,8 @@ class FedPIN(Algorithm):
         return {**with_prefix(init, "psi/"), **with_prefix(init, "pm/")}
 
     def configure(self, server: Tree, cohort) -> Payload:
-        return Payload(broadcast=server)
+        own = {k: server[k][cohort.ids.to(server[k].device)] for k in CLIENT_AUX}
+        return Payload({k: v for k, v in server.items() if k not in CLIENT_AUX}, own)
 
     # ---- losses (one client) ---------------------------------------------------------
     def erm_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
@@ -109,11 +117,11 @@ class FedPIN(Algorithm):
         model_params = {k: v for k, v in params.items() if not k.startswith("aux.")}
         z = features(m, model_params, buffers, x)
         risk_g = cross_entropy(head(m, model_params, buffers, z), y, w)
-        onehot = extras["onehot"].expand(z.shape[0], -1)
-        wa, ba = params["aux.weight"], params["aux.bias"]
+        wa = params["aux.weight"] + params["aux.client_weight"]
+        ba = params["aux.bias"] + params["aux.client_bias"]
 
         def risk_a(feat, weight, bias):
-            return cross_entropy(F.linear(torch.cat([feat, onehot], -1), weight, bias), y, w)
+            return cross_entropy(F.linear(feat, weight, bias), y, w)
 
         a = self.hp.alpha
         for_phi = risk_a(z, wa.detach(), ba.detach())  # Φ_g sees −α∇R_a (Prop. 5.4.1)
@@ -167,25 +175,29 @@ class FedPIN(Algorithm):
             )
             new_state.update(with_prefix(model_state(pm.params, pm.buffers), "pm/"))
         # R local epochs on the global sub-objective L_g^u
-        aux = {k: payload.broadcast[k] for k in ("aux.weight", "aux.bias")}
-        onehot = F.one_hot(cohort.ids, self.ctx.data.num_clients).float()
+        aux = {k: payload.broadcast[k] for k in SHARED_AUX}
         out = self.ctx.train(
             self.global_loss,
-            stack({**g_params, **aux}, n),
+            {**stack({**g_params, **aux}, n), **payload.per_client},
             stack(g_buffers, n),
             cohort,
             "fedpin/global",
-            per_client={"onehot": onehot.to(self.ctx.device)},
         )
         model_p = {k: v for k, v in out.params.items() if not k.startswith("aux.")}
         upload = {
             **model_state(model_p, out.buffers),
-            **{k: out.params[k] for k in ("aux.weight", "aux.bias")},
+            **{k: out.params[k] for k in SHARED_AUX + CLIENT_AUX},
         }
         return ClientResult(upload, new_state, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        return weighted_mean(uploads, info.num_examples)
+        shared = {k: v for k, v in uploads.items() if k not in CLIENT_AUX}
+        out = weighted_mean(shared, info.num_examples)  # Φ_g, ω_g and the shared part of ω_a
+        for k in CLIENT_AUX:  # each client's own row of ω_a comes back from that client
+            rows = server[k].clone()
+            rows[info.ids.to(rows.device)] = uploads[k].to(rows.dtype)
+            out[k] = rows
+        return out
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         g_params, g_buffers = split_state(server)
