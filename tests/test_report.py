@@ -40,3 +40,41 @@ def test_report_and_compare_from_the_run_store(tmp_path):
     assert bad.exit_code == 2 and "nosuchrun" in bad.output
     bad = runner.invoke(app, ["report", ids[0], "--db", str(db), "--format", "pdf"])
     assert bad.exit_code == 2 and "pdf" in bad.output
+
+
+def test_logged_figures_and_fault_table_appear_when_runs_logged_them(tmp_path, monkeypatch):
+    """Simulated time, silhouette curve, contributions and client faults are drawn from what
+    an algorithm logged per round (here a FedAvg that logs like UCFL and FedIPG would)."""
+    from fedshift.algorithms.fedavg import FedAvg
+    from fedshift.results.report import write_report
+    from fedshift.results.store import RunStore
+
+    original = FedAvg.aggregate
+
+    def logging_aggregate(self, server, uploads, info):
+        info.log.update(
+            sim_time_total=1.5 * (info.round + 1),
+            streams=3,
+            silhouette=[0.2, 0.6, 0.4, None],
+            clients=info.ids,
+            contribution=info.num_examples / info.num_examples.sum() + 0.01 * info.round,
+        )
+        return original(self, server, uploads, info)
+
+    monkeypatch.setattr(FedAvg, "aggregate", logging_aggregate)
+    db = tmp_path / "runs.db"
+    faults = {"clients": [1], "drop": 1.0}
+    run_id = fs.run(
+        algorithm="fedavg", data=toy_data(), db=db, faults_options=faults, **SETTINGS
+    ).run_id
+    path = write_report(RunStore(db), [run_id], tmp_path / "rep")
+    text = path.read_text()
+    assert "Client faults" in text and "| dropped | 3 |" in text
+    for png in ("accuracy_per_sim_time", "silhouette", "contributions"):
+        assert f"{png}.png" in text
+        with Image.open(tmp_path / "rep" / f"{png}.png") as im:
+            assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10
+    plain = fs.run(algorithm="local", data=toy_data(), db=db, **SETTINGS).run_id
+    monkeypatch.setattr(FedAvg, "aggregate", original)
+    text = write_report(RunStore(db), [plain], tmp_path / "plain").read_text()
+    assert "silhouette" not in text and "Client faults" not in text

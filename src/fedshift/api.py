@@ -169,7 +169,10 @@ def run(
     holder: dict[str, str] = {}
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
     if store is not None:
-        holder["run_id"] = store.start(cfg.flat(), environment_info(exp.ctx.device))
+        env = environment_info(exp.ctx.device)
+        if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
+            env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
+        holder["run_id"] = store.start(cfg.flat(), env)
     return _execute(exp, store, holder.get("run_id"), None)
 
 

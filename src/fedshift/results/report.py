@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import FedshiftError  # noqa: E402
+from .logged import OPTIONAL_FIGURES, event_rows  # noqa: E402
 from .plots import _env_x  # noqa: E402
 from .store import RunStore  # noqa: E402
 
@@ -49,6 +50,9 @@ def plot_per_env(runs: list[dict], path: Path) -> Path:
         x, numeric = _env_x(list(per_env))
         style = "--" if run["config"].get("scenario.oracle") else "-"
         ax.plot(x, list(per_env.values()), style, marker="o", label=run_label(run))
+        analytic = (run.get("environment") or {}).get("oracle_accuracy")
+        if analytic is not None:  # e.g. scm: the Bayes classifier on the causal latents
+            ax.axhline(analytic, ls="--", color="k", lw=1, label="analytic oracle")
     names = list(runs[0]["metrics"]["per_env"])
     x, numeric = _env_x(names)
     if not numeric:
@@ -158,7 +162,13 @@ def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     figures = [(title, fn(runs, out / name).name) for name, title, fn in FIGURES]
+    for name, title, fn in OPTIONAL_FIGURES:
+        drawn = fn(runs, out / name)
+        if drawn is not None:
+            figures.append((title, drawn.name))
     head, rows, env_head, env_rows = tables(runs)
+    faults = event_rows(runs)
+    fault_head = ["run", "client fault", "uploads affected"]
     title = f"fedshift report: {', '.join(run_ids)}"
     if fmt == "md":
         parts = [
@@ -168,6 +178,8 @@ def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: 
             _md_table(head, rows),
             _md_table(env_head, env_rows),
         ]
+        if faults:
+            parts += ["## Client faults", _md_table(fault_head, faults)]
         parts += [f"## {t}\n\n![{t}]({f})" for t, f in figures]
         path = out / "report.md"
         path.write_text("\n\n".join(parts) + "\n")
@@ -177,6 +189,8 @@ def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: 
             _html_table(head, rows),
             _html_table(env_head, env_rows),
         ]
+        if faults:
+            parts += ["<h2>Client faults</h2>", _html_table(fault_head, faults)]
         parts += [
             f"<h2>{html.escape(t)}</h2><img src='{f}' alt='{html.escape(t)}'>" for t, f in figures
         ]
