@@ -29,3 +29,19 @@ def groupdro_weights(q: Tensor, ids: Tensor, losses: Tensor, eta_q: float) -> Te
     q = q.clone()
     q[ids] = q[ids] * torch.exp(eta_q * losses)
     return q / q.sum()
+
+
+def gradient_alignment_penalty(risk_fn, params: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """FedIPG's invariance penalty (eq. 8): (⟨∇R(w), w⟩)² over all parameters w, and R(w).
+
+    ``risk_fn(params) -> scalar``; the inner gradient is taken with ``torch.func.grad`` so the
+    penalty is differentiable again (double back-prop); R(w) is evaluated once and returned.
+    """
+
+    def risk_aux(p):
+        r = risk_fn(p)
+        return r, r
+
+    g, risk = grad(risk_aux, has_aux=True)(params)
+    inner = sum((g[k] * params[k]).sum() for k in params)
+    return inner**2, risk
