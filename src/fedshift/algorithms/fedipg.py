@@ -11,7 +11,8 @@ C_i^t = η·(p_i⟨ĝ, g_i⟩ − (L/2)·η·p_i²‖g_i‖²) / ‖ĝ‖², wit
 per-step pseudo-gradient (s_i its local steps, uploaded as one number), p_i = n_i/Σ n over
 the round's uploads, ĝ = Σ_{I_ID} n_i g_i / Σ_{I_ID} n_i (the estimate of ∇R(w^t)),
 L = ``smoothness``. Choices: eq. (12) uses raw n_i and no η on the L-term; normalised
-weights and the L-smooth descent bound keep C_i scale-free. A stale upload (engine fault injection) is measured against the current w^t.
+weights and the L-smooth descent bound keep C_i scale-free. A stale upload (engine
+fault injection) is measured against the current w^t.
 
 Exit strategy: ``exit_clients`` lists clients that never aggregate (the paper's experiments
 exclude the known aberrant client); ``exit_rule = "contribution"`` also exits a client after
