@@ -154,6 +154,7 @@ def test_cgpfl_k1_is_pfedme_local_solver():
             "lambda_": lam,
             "inner_steps": s_steps,
             "local_iterations": r_iters,
+            "personal_lr": 0.03,
         },
     )
     exp = experiment("cgpfl", K=1)
@@ -176,7 +177,7 @@ def test_cgpfl_k1_is_pfedme_local_solver():
                     ((th[k] - omega[k]) ** 2).sum() for k in th
                 )
                 grads = torch.autograd.grad(f, list(th.values()))
-                theta = {k: (th[k] - lr * g).detach() for (k, g) in zip(th, grads, strict=True)}
+                theta = {k: (th[k] - 0.03 * g).detach() for (k, g) in zip(th, grads, strict=True)}
             omega = {k: omega[k] - lr * lam * (omega[k] - theta[k]) for k in omega}
         omegas.append(omega)
     server = out.result.server

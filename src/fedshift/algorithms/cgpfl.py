@@ -10,10 +10,12 @@ the client runs R local iterations of S steps θ ← θ − η∇[R(θ) + (λ/2)
 ω̃ ← ω̃ − βλ(ω̃ − θ) (common/moreau.py) and uploads ω̃; the server clusters the uploads with
 k-means++ into K contexts (P^{t+1}) and sets Ω ← Ω − α(Ω − Ω̃P^{t+1}), Ω̃P = per-context mean.
 
-Defaults (§3.8): K = 4, λ = 12, S = 5, R = 10, α = 1, lr η = 0.005 (the run's ``lr``),
-N = 40, T = 200 (MNIST/FMNIST). Choices where the thesis is silent:
-* β (lr of ω̃) defaults to η, as pFedMe's reference code does; θ_i persists across rounds
-  (Alg. 1 never resets it) and is what client i is evaluated with.
+Defaults (§3.8): K = 4, λ = 12, S = 5, R = 10, α = 1, lr = 0.005 (the run's ``lr``, used
+as β, the lr of ω̃), N = 40, T = 200 (MNIST/FMNIST). Choices where the thesis is silent:
+* the lr η of the S steps on θ_i is ``personal_lr`` = 0.09, pFedMe's personal learning rate
+  for MNIST (the thesis builds on pFedMe and names one lr, 0.005, which is pFedMe's β-side
+  ``learning_rate``); θ_i persists across rounds (Alg. 1 never resets it) and is what
+  client i is evaluated with.
 * k-means numbers clusters arbitrarily; new clusters are matched to the previous context
   models by a Hungarian assignment on centroid distances, so α < 1 mixes the right models.
 * Ω̃P averages a context's uploads uniformly (P's columns are 1/|C_k|, §3.5.2); with partial
@@ -43,7 +45,7 @@ class CGPFLHyper:
     inner_steps: int = opt(5, "S: steps on θ_i per local iteration (same minibatch)")
     local_iterations: int = opt(10, "R: local iterations (ω̃ updates) per round")
     alpha: float = opt(1.0, "server step α of Ω ← Ω − α(Ω − Ω̃P)")
-    beta: float = opt(0.0, "lr β of the local copy ω̃ (0 = the run's lr, as pFedMe)")
+    personal_lr: float = opt(0.09, "η: lr of the S steps on θ_i (pFedMe's MNIST value)")
 
     def __post_init__(self) -> None:
         require(self.K >= 1, f"algorithm.K must be >= 1, got {self.K}")
@@ -51,7 +53,7 @@ class CGPFLHyper:
         require(self.inner_steps >= 1, "algorithm.inner_steps must be >= 1")
         require(self.local_iterations >= 1, "algorithm.local_iterations must be >= 1")
         require(0 < self.alpha <= 1, f"algorithm.alpha must lie in (0, 1], got {self.alpha}")
-        require(self.beta >= 0, f"algorithm.beta must be >= 0, got {self.beta}")
+        require(self.personal_lr > 0, "algorithm.personal_lr must be positive")
 
 
 @register_algorithm("cgpfl")
@@ -95,8 +97,8 @@ class CGPFL(Algorithm):
             buffers,
             lambda_=self.hp.lambda_,
             inner_steps=self.hp.inner_steps,
-            inner_lr=self.ctx.sgd.lr,
-            omega_lr=self.hp.beta or self.ctx.sgd.lr,
+            inner_lr=self.hp.personal_lr,
+            omega_lr=self.ctx.sgd.lr,
             iterations=self.hp.local_iterations,
         )
         # line 12: upload ω̃_{i,R} (with the context model's buffers)

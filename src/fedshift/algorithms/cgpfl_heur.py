@@ -37,7 +37,7 @@ class CGPFLHeurHyper:
     inner_steps: int = opt(5, "S: steps on θ_i per local iteration (same minibatch)")
     local_iterations: int = opt(10, "R: local iterations (ω̃ updates) per round")
     alpha: float = opt(1.0, "server step α of Ω ← Ω − α(Ω − Ω̃P)")
-    beta: float = opt(0.0, "lr β of the local copy ω̃ (0 = the run's lr, as pFedMe)")
+    personal_lr: float = opt(0.09, "η: lr of the S steps on θ_i (pFedMe's MNIST value)")
 
     def __post_init__(self) -> None:
         require(self.mu >= 0, f"algorithm.mu must be >= 0, got {self.mu}")
@@ -45,7 +45,7 @@ class CGPFLHeurHyper:
         require(self.inner_steps >= 1, "algorithm.inner_steps must be >= 1")
         require(self.local_iterations >= 1, "algorithm.local_iterations must be >= 1")
         require(0 < self.alpha <= 1, f"algorithm.alpha must lie in (0, 1], got {self.alpha}")
-        require(self.beta >= 0, f"algorithm.beta must be >= 0, got {self.beta}")
+        require(self.personal_lr > 0, "algorithm.personal_lr must be positive")
 
 
 def bound_objective(d: int, m: float, costs: dict[int, float], mu: float) -> dict[int, float]:
