@@ -15,7 +15,8 @@ as β, the lr of ω̃), N = 40, T = 200 (MNIST/FMNIST). Choices where the thesis
 * the lr η of the S steps on θ_i is ``personal_lr`` = 0.09, pFedMe's personal learning rate
   for MNIST (the thesis builds on pFedMe and names one lr, 0.005, which is pFedMe's β-side
   ``learning_rate``); θ_i persists across rounds (Alg. 1 never resets it) and is what
-  client i is evaluated with.
+  client i is evaluated with. Local work is set by R and S (each local iteration draws one
+  minibatch of the run's ``batch_size``); the run's ``local_epochs`` is not used.
 * k-means numbers clusters arbitrarily; new clusters are matched to the previous context
   models by a Hungarian assignment on centroid distances, so α < 1 mixes the right models.
 * Ω̃P averages a context's uploads uniformly (P's columns are 1/|C_k|, §3.5.2); with partial
