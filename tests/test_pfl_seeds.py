@@ -243,3 +243,30 @@ def test_cohort_size_does_not_change_results(algorithm):
                 )
             else:
                 assert torch.equal(o.result.server[k], v), k
+
+
+@pytest.mark.parametrize("algorithm", ["fedipg", "ucfl"])
+def test_batchnorm_models_run(algorithm):
+    """BatchNorm running statistics are updated in place: the double back-prop of FedIPG and
+    UCFL's per-user gradients must take them as inputs, not capture them."""
+    from fedshift.data.federated import FederatedData, Split
+
+    g = torch.Generator().manual_seed(0)
+
+    def part(n):
+        return torch.rand(n, 1, 8, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+    train = Split.from_clients([part(n) for n in (20, 30, 12)])
+    test = {"test": Split.from_clients([part(10) for _ in range(3)])}
+    data = FederatedData("tiny", 3, (1, 8, 8), train, test)
+    out = fs.run(
+        algorithm=algorithm,
+        data=data,
+        rounds=1,
+        lr=0.05,
+        batch_size=8,
+        model="dfl-cnn",
+        model_options={"channels": [4], "feature_dim": 8},
+        algorithm_options={"stat_batch": 8} if algorithm == "ucfl" else {},
+    )
+    assert out.metrics["average"] is not None

@@ -65,10 +65,10 @@ class FedIPG(FedAvg):
         return Payload(broadcast={k: v for k, v in server.items() if k[:2] in ("p/", "b/")})
 
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
-        def risk(p):
-            return cross_entropy(self.ctx.forward(p, buffers, x), y, w)
+        def risk(p, b):
+            return cross_entropy(self.ctx.forward(p, b, x), y, w)
 
-        penalty, value = gradient_alignment_penalty(risk, params)  # eq. (8)
+        penalty, value = gradient_alignment_penalty(risk, params, buffers)  # eq. (8)
         return value + self.hp.lambda_ * penalty
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:

@@ -110,7 +110,7 @@ class UCFL(Algorithm):
         def batch_sum(p, b, x, y, w):  # Σ_x w·ℓ(x), differentiated per user
             return (F.cross_entropy(ctx.forward(p, b, x), y, reduction="none") * w).sum()
 
-        per_user = vmap(grad(batch_sum), in_dims=(None, None, 0, 0, 0))
+        per_user = vmap(grad(batch_sum), in_dims=(None, 0, 0, 0, 0))  # BN stats per user
         grads, sigma2 = [], []
         ctx.model.train()
         sizes = data.sizes()
@@ -134,7 +134,8 @@ class UCFL(Algorithm):
             sums = []
             for k in range(k_max):  # one pass over each user's random partition
                 rows = index_t[:, k]
-                g = per_user(params, buffers, data.x[rows], data.y[rows], weight_t[:, k])
+                bufs = stack(buffers, len(ids))  # fresh θ⁰ statistics for every batch
+                g = per_user(params, bufs, data.x[rows], data.y[rows], weight_t[:, k])
                 sums.append(torch.cat([v.reshape(len(ids), -1) for v in g.values()], 1).double())
             sums_t = torch.stack(sums, 1)  # [c, K, d] per-batch gradient sums
             counts = weight_t.sum(-1).double()  # [c, K]
