@@ -116,10 +116,24 @@ def test_cmnist_colour_agreement_matches_p(cmnist):
         assert torch.equal(split.y, ref.y) and torch.equal(split.x.sum(1), ref.x.sum(1))
 
 
-def _class_lookup(shared_datasets, dataset: str, train: bool) -> dict[bytes, int]:
+_PROBE = np.random.default_rng(12345).integers(0, 2**31, size=(28 * 28, 2))
+
+
+def prints(images) -> list[tuple[int, int]]:
+    """A fingerprint per image (an exact integer random projection of the 0–255 pixel
+    values): equal images, equal prints; unequal ones collide with probability ~2^-60."""
+    a = np.rint(np.asarray(images, dtype=np.float64).reshape(len(images), -1) * 255)
+    keys = a.astype(np.int64) @ _PROBE[: a.shape[1]]
+    return [tuple(k) for k in keys.tolist()]
+
+
+def lookup_table(images, values) -> dict[tuple, int]:
+    return dict(zip(prints(images), list(values), strict=True))
+
+
+def _class_lookup(shared_datasets, dataset: str, train: bool) -> dict[float, int]:
     x, y = load_idx_dataset(dataset, "train" if train else "test", shared_datasets)
-    small = (x[:, ::2, ::2].float() / 255.0).numpy()
-    return {small[i].tobytes(): int(y[i]) for i in range(len(y))}
+    return lookup_table((x[:, ::2, ::2].float() / 255.0).numpy(), y.tolist())
 
 
 def test_cmnist_label_noise_and_client_classes(cmnist, shared_datasets):
@@ -133,8 +147,7 @@ def test_cmnist_label_noise_and_client_classes(cmnist, shared_datasets):
         assert sum(c < 5 for c in listed) == 2 and sum(c >= 5 for c in listed) == 2
         for split, table in ((d.train, lookup), (d.test["p=0.5"], tlookup)):
             x, y = split.client(i)
-            grey = x.sum(1).numpy()
-            cls = np.array([table[g.tobytes()] for g in grey])
+            cls = np.array([table[g] for g in prints(x.sum(1).numpy())])
             assert set(cls.tolist()) == set(listed)
             flips += int(((cls >= 5).astype(int) != y.numpy()).sum())
             total += len(y)
@@ -176,3 +189,125 @@ def test_coloured_deterministic(shared_datasets, name):
     c = build_scenario(name, SMALL, 1, shared_datasets)
     well_formed(a)
     assert same(a, b) and not same(a, c)
+
+
+# ---------------------------------------------------------------- rcmnist / rcfmnist
+
+RC_SMALL = {"train_per_client": 500, "test_per_client": 200, "val_per_client": 100}
+
+
+def _rotated_lookup(shared_datasets, dataset: str, angles, small=True) -> dict[tuple, int]:
+    """Image fingerprint → the angle that produced it, for every training image."""
+    x, _ = load_idx_dataset(dataset, "train", shared_datasets)
+    out = {}
+    for a in angles:
+        r = torch.rot90(x.float() / 255.0, int(a // 90), dims=(-2, -1))
+        r = r[:, ::2, ::2] if small else r
+        out.update(lookup_table(r.numpy(), [a] * len(r)))
+    return out
+
+
+def test_rcmnist_structure_rotations_and_colours(shared_datasets):
+    d = build_scenario("rcmnist", {}, 0, shared_datasets)
+    well_formed(d)
+    assert d.num_clients == 4 and d.input_shape == (2, 14, 14) and d.num_classes == 2
+    assert d.train_env_names == ["p=0.95", "p=0.9", "p=0.85", "p=0.8"]
+    assert list(d.test) == ["p=0.1", "p=0.2", "p=0.3", "p=0.4", "p=0.5"]
+    assert d.train.sizes().tolist() == [12_500] * 4
+    assert d.test["p=0.1"].sizes().tolist() == [2_500] * 4
+    lookup = _rotated_lookup(shared_datasets, "mnist", [0, 90, 180, 270])
+    for k, (p, angle) in enumerate(zip([0.95, 0.9, 0.85, 0.8], [0, 90, 180, 270], strict=True)):
+        x, y = d.train.client(k)
+        assert set(d.train.client_env(k).tolist()) == {k}
+        s = Split(x, y, torch.tensor([0, len(y)]))
+        assert abs(colour_agreement(s) - p) < 4 * np.sqrt(p * (1 - p) / len(y)) + 1e-3
+        for split in (d.train, d.test["p=0.3"]):
+            found = [lookup.get(g) for g in prints(split.client(k)[0].sum(1).numpy())]
+            assert sum(f == angle for f in found) / len(found) > 0.99, (k, angle)
+    for name, split in d.test.items():
+        p = float(name.removeprefix("p="))
+        assert abs(colour_agreement(split) - p) < 4 * np.sqrt(p * (1 - p) / 10_000) + 1e-3
+
+
+@pytest.mark.parametrize("name", ["rcmnist", "rcfmnist"])
+def test_rotated_coloured_deterministic(shared_datasets, name):
+    a = build_scenario(name, RC_SMALL, 0, shared_datasets)
+    assert same(a, build_scenario(name, RC_SMALL, 0, shared_datasets))
+    assert not same(a, build_scenario(name, RC_SMALL, 1, shared_datasets))
+    o = build_scenario(name, {**RC_SMALL, "oracle": True}, 0, shared_datasets)
+    assert abs(colour_agreement(o.train) - 0.5) < 0.05
+
+
+# ---------------------------------------------------------------- scm
+
+SCM_SMALL = {"test_envs": 4, "val_envs": 2}
+
+
+def test_scm_structure_and_determinism():
+    d = build_scenario("scm", SCM_SMALL, 0)
+    assert d.num_clients == 100 and d.input_shape == (12,) and d.num_classes == 2
+    assert d.participation == 0.1 and len(d.train_env_names) == 10
+    assert list(d.test) == ["e0", "e1", "e2", "e3"] and list(d.val) == ["val0", "val1"]
+    assert d.train.sizes().tolist() == [1000] * 100
+    assert int(d.test["e0"].sizes().sum()) == 10_000
+    envs = [set(d.train.client_env(i).tolist()) for i in range(100)]
+    assert all(len(e) == 1 for e in envs)
+    assert np.bincount([next(iter(e)) for e in envs]).tolist() == [10] * 10
+    assert abs(float(d.train.y.double().mean()) - 0.5) < 0.01
+    assert same(d, build_scenario("scm", SCM_SMALL, 0))
+    assert not same(d, build_scenario("scm", SCM_SMALL, 1))
+    # every parameter is an option
+    e = build_scenario("scm", {**SCM_SMALL, "dim_s": 2, "clients": 20, "train_envs": 4}, 0)
+    assert e.input_shape == (8,) and e.num_clients == 20 and len(e.train_env_names) == 4
+
+
+def test_scm_oracle_is_the_bayes_accuracy_in_every_environment():
+    from fedshift.data.scenarios.scm import empirical_oracle, oracle_accuracy
+
+    d = build_scenario("scm", SCM_SMALL, 0)
+    analytic = oracle_accuracy(d.info)
+    assert d.info["oracle_accuracy"] == pytest.approx(float(analytic.mean()))
+    assert 50.0 < d.info["oracle_accuracy"] < 100.0
+    for split in [*d.test.values(), *d.val.values(), d.train]:
+        emp = empirical_oracle(d.info, split)
+        # 10,000 samples per environment: the client mean is within ~0.3 points
+        assert abs(float(emp.mean()) - float(analytic.mean())) < 1.0
+    # the spurious latent helps inside an environment but not across them: a classifier
+    # that also uses Z_S with one environment's mean is not flat
+    means = [float(empirical_oracle(d.info, s).mean()) for s in d.test.values()]
+    assert max(means) - min(means) < 1.5
+
+
+# ---------------------------------------------------------------- UCFL groups
+
+
+def test_rotation_groups_rotate_each_group(shared_datasets):
+    d = build_scenario("rotation-groups", {"samples": 6000}, 0, shared_datasets)
+    well_formed(d)
+    assert d.num_clients == 100 and d.input_shape == (1, 28, 28)
+    groups = np.array(d.info["client_group"])
+    assert np.bincount(groups).tolist() == [25] * 4
+    lookup = _rotated_lookup(shared_datasets, "mnist", [0, 90, 180, 270], small=False)
+    for i in range(0, 100, 7):
+        want = [0, 90, 180, 270][groups[i]]
+        found = [lookup.get(f) for f in prints(d.train.client(i)[0][:, 0].numpy())]
+        assert sum(f == want for f in found) / len(found) > 0.99
+    assert same(d, build_scenario("rotation-groups", {"samples": 6000}, 0, shared_datasets))
+
+
+def test_label_permutation_per_group(shared_datasets):
+    d = build_scenario("label-permutation", {"samples": 4000}, 0, shared_datasets)
+    well_formed(d)
+    groups = np.array(d.info["client_group"])
+    perms = np.array(d.info["group_permutation"])
+    assert d.num_clients == 20 and np.bincount(groups).tolist() == [5] * 4
+    assert len({tuple(p) for p in perms}) == 4
+    assert all(sorted(p) == list(range(10)) for p in perms.tolist())
+    x, y = load_idx_dataset("mnist", "train", shared_datasets)
+    lookup = lookup_table((x.float() / 255.0).numpy(), y.tolist())
+    for i in range(20):
+        imgs, labels = d.train.client(i)
+        true = np.array([lookup[f] for f in prints(imgs[:, 0].numpy())])
+        assert (perms[groups[i]][true] == labels.numpy()).all()
+    assert same(d, build_scenario("label-permutation", {"samples": 4000}, 0, shared_datasets))
+    assert not same(d, build_scenario("label-permutation", {"samples": 4000}, 1, shared_datasets))
