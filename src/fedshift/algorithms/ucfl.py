@@ -46,6 +46,8 @@ from .common.clustering import kmeans, silhouette_curve
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy
 
+UNDEFINED = -2.0  # silhouette slot with no score (scores lie in [-1, 1]); state stays finite
+
 
 @dataclass(frozen=True)
 class UCFLHyper:
@@ -97,7 +99,7 @@ class UCFL(Algorithm):
             **{f"s/{k}": v for k, v in stack(model, 1).items()},
             "centroids": (sizes / sizes.sum().clamp(min=1)).view(1, n),
             "stream": torch.zeros(n, dtype=torch.int64),
-            "silhouette": torch.full((n + 1,), float("nan"), dtype=torch.float64),
+            "silhouette": torch.full((n + 1,), UNDEFINED, dtype=torch.float64),
             "time": torch.zeros((), dtype=torch.float64),
         }
 
@@ -155,7 +157,7 @@ class UCFL(Algorithm):
         n = self.ctx.data.num_clients
         w = collaboration_weights(grads, sigma2, self.ctx.data.train.sizes())  # eq. (9)
         points = w.cpu().numpy()
-        silhouette = torch.full((n + 1,), float("nan"), dtype=torch.float64)
+        silhouette = torch.full((n + 1,), UNDEFINED, dtype=torch.float64)
         chosen = self.choose_streams(points, silhouette)  # Alg. 2 (its curve is always logged)
         if self.hp.streams >= n:
             m, labels, cents = n, np.arange(n), w  # full personalization: one stream per user
@@ -250,7 +252,7 @@ class UCFL(Algorithm):
         info.log["sim_time_total"] = float(new["time"])
         if info.round == 0:
             s = server["silhouette"]
-            info.log["silhouette"] = [None if math.isnan(v) else v for v in s[2:-1].tolist()]
+            info.log["silhouette"] = [None if v == UNDEFINED else v for v in s[2:-1].tolist()]
         return new
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
