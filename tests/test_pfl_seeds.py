@@ -29,8 +29,13 @@ FAST = {
 }
 
 
+STEPS = {"dfl": 4, "fedipg": 4}  # fixed local steps keep the double back-prop tests quick
+
+
 def run(algorithm, **kw):
     opts = {**FAST[algorithm], **kw.pop("algorithm_options", {})}
+    if algorithm in STEPS and "local_steps" not in kw:
+        kw["local_steps"] = STEPS[algorithm]
     return fs.run(
         algorithm=algorithm, data=toy_data(), algorithm_options=opts, **{**SETTINGS, **kw}
     )
@@ -188,7 +193,7 @@ def test_cgpfl_k1_is_pfedme_local_solver():
 
 def test_fedipg_lambda_zero_is_fedavg():
     a = run("fedipg", algorithm_options={"lambda_": 0.0})
-    b = fs.run(algorithm="fedavg", data=toy_data(), **SETTINGS)
+    b = fs.run(algorithm="fedavg", data=toy_data(), local_steps=4, **SETTINGS)
     for k, v in b.result.server.items():
         torch.testing.assert_close(a.result.server[k], v)
     assert len(a.result.rounds[0].extras["contribution"]) == 7
@@ -196,7 +201,7 @@ def test_fedipg_lambda_zero_is_fedavg():
 
 def test_fedipg_exit_strategy_ignores_exited_uploads():
     a = run("fedipg", algorithm_options={"exit_clients": [1, 3]})
-    b = fs.run(algorithm="fedavg", data=toy_data(), **SETTINGS)
+    b = fs.run(algorithm="fedavg", data=toy_data(), local_steps=4, **SETTINGS)
     diff = sum((a.result.server[k] - v).abs().sum() for k, v in b.result.server.items())
     assert diff > 0
     assert a.result.rounds[-1].extras["exited"] == [1, 3]
