@@ -29,3 +29,21 @@ def groupdro_weights(q: Tensor, ids: Tensor, losses: Tensor, eta_q: float) -> Te
     q = q.clone()
     q[ids] = q[ids] * torch.exp(eta_q * losses)
     return q / q.sum()
+
+
+def gradient_alignment_penalty(risk_fn, params: dict[str, Tensor], *args) -> tuple[Tensor, Tensor]:
+    """FedIPG's invariance penalty (eq. 8): (⟨∇R(w), w⟩)² over all parameters w, and R(w).
+
+    ``risk_fn(params, *args) -> scalar``; the inner gradient is taken with
+    ``torch.func.grad`` so the penalty is differentiable again (double back-prop); R(w) is
+    evaluated once and returned. Tensors the risk updates in place (BatchNorm running
+    statistics) must come in ``args``, not be captured by ``risk_fn``.
+    """
+
+    def risk_aux(p, *a):
+        r = risk_fn(p, *a)
+        return r, r
+
+    g, risk = grad(risk_aux, has_aux=True)(params, *args)
+    inner = sum((g[k] * params[k]).sum() for k in params)
+    return inner**2, risk

@@ -1,0 +1,231 @@
+"""DFL — Luo, Wang, Zhang, Wang, Cheng, "Disentangled Federated Learning for Tackling
+Attributes Skew via Invariant Aggregation and Diversity Transferring", ICML 2022;
+Algorithms 1–2.
+
+Client model: invariant extractor E_c (aggregated), specific extractor E_s (local only) and
+predictor P on [E_c(x), E_s(x)] (models/two_branch.py; DFL replaces the run's model by the
+two-branch version of it, E_s a freshly initialised copy of its extractor). Client loss (eq. 8)
+
+    h_k = F_k + I_s(E_s(x); E_c(x)) − I_c(E_c^k(x); E_c^G(x)),
+    F_k = CE(P[E_c ⊕ E_s]) + λ/(K−1) Σ_{j≠k} CE(P[E_c ⊕ E_s^j])   (diversity transferring),
+
+MI terms by the Jensen–Shannon estimator with small critics (common/mi.py). Per round: step 1
+trains E_s (with P and the critics) with E_c frozen at the received global E_c^G; step 2
+trains E_c (with P and the critics) with E_s frozen; the server averages E_c with weights
+n_k (eq. 6). The critics maximise their MI estimates (for I_s adversarially: the extractors
+minimise it, via a stop-gradient split of the term).
+
+Defaults: λ = 1, E = 20 local epochs, B = 32, lr = 0.01, T = 200 (the run's settings);
+backbone ``dfl-cnn``. Choices where the paper is silent:
+* donors: the other clients' E_s travel through the server: each client uploads its E_s
+  after training (kept in a server bank) and receives ``donors`` banked E_s of other
+  clients, drawn at random per (seed, round, client); both directions are counted as
+  traffic. Donor extractors run in eval mode (their BatchNorm running statistics) and
+  are not trained. In the first round no E_s is banked yet, so F_k is plain CE.
+* P and the critics are local (never aggregated); a client is evaluated with the latest
+  global E_c^G and its own E_s and P. ``mi_weight`` scales I_s and I_c (1 in the paper);
+  critics have one hidden layer of ``critic_hidden`` units; E_c^G runs in eval mode.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from ..engine.local import LocalTrainer
+from ..engine.rng import generator
+from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..models.two_branch import TwoBranch
+from ..options import opt, require
+from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
+from .common.global_model import model_state, split_state
+from .common.losses import cross_entropy
+from .common.mi import init_critic, jsd_mi
+
+INV, SPEC, HEAD = "extractor.invariant.", "extractor.specific.", "head."
+
+
+@dataclass(frozen=True)
+class DFLHyper:
+    lambda_: float = opt(1.0, "weight λ of diversity transferring (0 = no E_s transfer)")
+    donors: int = opt(9, "other clients' E_s sent to each client (K − 1 of 10 sampled)")
+    mi_weight: float = opt(1.0, "weight of the MI terms I_s − I_c")
+    critic_hidden: int = opt(64, "hidden units of each MI critic")
+
+    def __post_init__(self) -> None:
+        require(self.lambda_ >= 0, f"algorithm.lambda_ must be >= 0, got {self.lambda_}")
+        require(self.donors >= 0, f"algorithm.donors must be >= 0, got {self.donors}")
+        require(self.mi_weight >= 0, f"algorithm.mi_weight must be >= 0, got {self.mi_weight}")
+        require(self.critic_hidden >= 1, "algorithm.critic_hidden must be >= 1")
+
+
+@register_algorithm("dfl")
+class DFL(Algorithm):
+    Hyper = DFLHyper
+    personalized = True
+
+    def __init__(self, hyper, ctx) -> None:
+        super().__init__(hyper, ctx)
+        net = TwoBranch(ctx.model, ctx.data.num_classes, seed=ctx.seed + 1)
+        ctx.model, ctx.trainer = net, LocalTrainer(net, compile=ctx.trainer.compile)
+        ctx.initial_params = {k: v.detach().clone() for k, v in net.named_parameters()}
+        ctx.initial_buffers = {k: v.detach().clone() for k, v in net.named_buffers()}
+        self.net = net
+        self.frozen_invariant = copy.deepcopy(net.extractor.invariant).eval()  # E_c^G
+        self.frozen_specific = copy.deepcopy(net.extractor.specific).eval()  # donors E_s^j
+        self.transfer = hyper.lambda_ > 0 and hyper.donors > 0
+
+    def init(self) -> Tree:
+        p, b = self.ctx.initial_params, self.ctx.initial_buffers
+        server = {k: v for k, v in model_state(p, b).items() if k[2:].startswith(INV)}
+        if self.transfer:  # bank of the clients' latest E_s (diversity transferring)
+            n = self.ctx.data.num_clients
+            spec = {k: v for k, v in model_state(p, b).items() if k[2:].startswith(SPEC)}
+            server.update(with_prefix(stack(spec, n), "bank/"))
+            server["banked"] = torch.zeros(n, dtype=torch.bool)
+        return server
+
+    def init_client_state(self, server: Tree) -> Tree:
+        p, b = self.ctx.initial_params, self.ctx.initial_buffers
+        d = self.net.feature_dim // 2
+        g = torch.Generator().manual_seed(self.ctx.seed)
+        critics = {
+            **with_prefix(init_critic(2 * d, self.hp.critic_hidden, g), "critic_s."),
+            **with_prefix(init_critic(2 * d, self.hp.critic_hidden, g), "critic_c."),
+        }
+        dev = self.ctx.device
+        local = {k: v for k, v in p.items() if not k.startswith(INV)}
+        local.update({k: v.to(dev) for k, v in critics.items()})
+        return model_state(local, {k: v for k, v in b.items() if k.startswith(SPEC)})
+
+    # ---- Algorithm 1: the server sends E_c^G (and donor E_s) -----------------------------
+    def configure(self, server: Tree, cohort) -> Payload:
+        broadcast = {k: v for k, v in server.items() if k[:2] in ("p/", "b/")}
+        if not self.transfer or not bool(server["banked"].any()):
+            return Payload(broadcast=broadcast)
+        banked = server["banked"].cpu().numpy()
+        picks = []
+        for cid in cohort.ids.tolist():
+            cand = np.flatnonzero(banked & (np.arange(len(banked)) != cid))
+            rng = generator(self.ctx.seed, cohort.round, cid, "dfl-donors")
+            picks.append(rng.choice(cand, size=min(self.hp.donors, len(cand)), replace=False))
+        d = max(len(p) for p in picks)  # no empty slots when every client has enough donors
+        if d == 0:
+            return Payload(broadcast=broadcast)
+        idx = np.zeros((len(cohort), d), np.int64)
+        mask = np.zeros((len(cohort), d), np.float32)
+        for i, pick in enumerate(picks):
+            idx[i, : len(pick)], mask[i, : len(pick)] = pick, 1.0
+        rows = torch.from_numpy(idx).to(server["banked"].device)
+        donors = {f"donor/{k[5:]}": v[rows] for k, v in server.items() if k.startswith("bank/")}
+        donors["donor_mask"] = torch.from_numpy(mask).to(self.ctx.device)
+        return Payload(broadcast=broadcast, per_client=donors)
+
+    # ---- eq. (8): the client loss -------------------------------------------------------
+    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        net = self.net
+        zc = functional_call(
+            net.extractor.invariant, (strip_prefix(params, INV), strip_prefix(buffers, INV)), (x,)
+        )
+        zs = functional_call(
+            net.extractor.specific, (strip_prefix(params, SPEC), strip_prefix(buffers, SPEC)), (x,)
+        )
+        head = strip_prefix(params, HEAD)
+        risk = cross_entropy(functional_call(net.head, head, (torch.cat([zc, zs], -1),)), y, w)
+        if "donor_mask" in extras:  # diversity transferring, eq. (7)–(8)
+            mask = extras["donor_mask"]
+            dp, db = (
+                strip_prefix(extras, "donor/p/" + SPEC),
+                strip_prefix(extras, "donor/b/" + SPEC),
+            )
+            terms = []
+            for j in range(mask.shape[0]):
+                zj = functional_call(
+                    self.frozen_specific,
+                    ({k: v[j] for k, v in dp.items()}, {k: v[j] for k, v in db.items()}),
+                    (x,),
+                )
+                logits = functional_call(net.head, head, (torch.cat([zc, zj], -1),))
+                terms.append(cross_entropy(logits, y, w))
+            transfer = (torch.stack(terms) * mask).sum() / mask.sum().clamp(min=1.0)
+            risk = risk + self.hp.lambda_ * transfer
+        critic_s, critic_c = strip_prefix(params, "critic_s."), strip_prefix(params, "critic_c.")
+        # I_s: the extractors minimise it against a frozen critic; the critic maximises it
+        i_s = jsd_mi({k: v.detach() for k, v in critic_s.items()}, zs, zc, w) - jsd_mi(
+            critic_s, zs.detach(), zc.detach(), w
+        )
+        zg = functional_call(
+            self.frozen_invariant,
+            (strip_prefix(extras, "global/p/" + INV), strip_prefix(extras, "global/b/" + INV)),
+            (x,),
+        )
+        i_c = jsd_mi(critic_c, zc, zg.detach(), w)  # maximised by E_c^k and its critic
+        return risk + self.hp.mi_weight * (i_s - i_c)
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        n = len(cohort)
+        glob_p, glob_b = split_state(payload.broadcast)
+        local_p, local_b = split_state(state)
+        params = {**stack(glob_p, n), **local_p}
+        buffers = {**stack(glob_b, n), **local_b}
+        shared = with_prefix(payload.broadcast, "global/")
+        kw = dict(shared=shared, per_client=payload.per_client)
+        # step 1: E_s (with P and the critics), E_c frozen at E_c^G
+        s1 = self.ctx.train(
+            self.loss,
+            params,
+            buffers,
+            cohort,
+            "train/specific",
+            trainable=lambda k: not k.startswith(INV),
+            **kw,
+        )
+        # step 2: E_c (with P and the critics), E_s frozen
+        s2 = self.ctx.train(
+            self.loss,
+            s1.params,
+            s1.buffers,
+            cohort,
+            "train/invariant",
+            trainable=lambda k: not k.startswith(SPEC),
+            **kw,
+        )
+        inv = model_state(
+            {k: v for k, v in s2.params.items() if k.startswith(INV)},
+            {k: v for k, v in s2.buffers.items() if k.startswith(INV)},
+        )
+        local = model_state(
+            {k: v for k, v in s2.params.items() if not k.startswith(INV)},
+            {k: v for k, v in s2.buffers.items() if k.startswith(SPEC)},
+        )
+        upload = dict(inv)
+        if self.transfer:  # E_s goes to the server's bank for diversity transferring
+            upload.update({f"bank/{k}": v for k, v in local.items() if k[2:].startswith(SPEC)})
+        return ClientResult(upload, local, cohort.num_examples, (s1.loss + s2.loss) / 2)
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        inv = {k: v for k, v in uploads.items() if not k.startswith("bank/")}
+        new = {**server, **weighted_mean(inv, info.num_examples)}  # eq. (6)
+        if self.transfer:
+            ids = info.ids.to(server["banked"].device)
+            for k, v in uploads.items():
+                if k.startswith("bank/"):
+                    new[k] = server[k].clone()
+                    new[k][ids] = v.to(new[k].dtype)
+            new["banked"] = server["banked"].clone()
+            new["banked"][ids] = True
+        return new
+
+    def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
+        n = len(cohort)
+        glob_p, glob_b = split_state({k: v for k, v in server.items() if k[:2] in ("p/", "b/")})
+        local_p, local_b = split_state(state)
+        params = {
+            **stack(glob_p, n),
+            **{k: v for k, v in local_p.items() if not k.startswith("critic")},
+        }
+        return Prediction(params, {**stack(glob_b, n), **local_b}, shared=False)

@@ -1,0 +1,116 @@
+"""FedIPG — Federated Learning with Invariant Penalty for Generalization, with the exit
+strategy for aberrant clients (IEEE journal, 2024/25; "FedIPM" in its tables), Algorithm 1.
+
+Client objective (eq. 8): f_i(w) = R_i(w) + λ·(⟨∇R_i(w), w⟩)², differentiated by double
+back-prop (common/invariance.py). Server (Alg. 1 line 6): w ← Σ_{i∈I_ID} n_i w_i / Σ n_i over
+the in-distribution set I_ID only; exited (aberrant / resource-poor) clients do not aggregate
+and just use the final model (line 20). λ = 0 is FedAvg.
+
+Contribution (eq. 12), logged per participant and round as ``contribution``:
+C_i^t = η·(p_i⟨ĝ, g_i⟩ − (L/2)·η·p_i²‖g_i‖²) / ‖ĝ‖², with g_i = (w^t − w_i)/(η·s_i) the client's
+per-step pseudo-gradient (s_i its local steps, uploaded as one number), p_i = n_i/Σ n over
+the round's uploads, ĝ = Σ_{I_ID} n_i g_i / Σ_{I_ID} n_i (the estimate of ∇R(w^t)),
+L = ``smoothness``. Choices: eq. (12) uses raw n_i and no η on the L-term; normalised
+weights and the L-smooth descent bound keep C_i scale-free. A stale upload (engine
+fault injection) is measured against the current w^t.
+
+Exit strategy: ``exit_clients`` lists clients that never aggregate (the paper's experiments
+exclude the known aberrant client); ``exit_rule = "contribution"`` also exits a client after
+``patience`` consecutive rounds with C_i^t < 0. Exited clients may still be sampled by the
+engine; their uploads are ignored. Default λ = 1e-3 (the paper's good range is [1e-4, 1e-2]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..engine.tree import Tree, weighted_mean
+from ..options import opt, require
+from .base import ClientResult, Payload, RoundInfo, register_algorithm
+from .common.global_model import model_state, split_state
+from .common.invariance import gradient_alignment_penalty
+from .common.losses import cross_entropy
+from .fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class FedIPGHyper:
+    lambda_: float = opt(1e-3, "invariant-penalty weight λ (λ = 0 → FedAvg)")
+    exit_clients: list[int] = opt([], "clients that exit aggregation (aberrant / resource-poor)")
+    exit_rule: str = opt("none", "also exit clients by contribution", ("none", "contribution"))
+    patience: int = opt(3, "rounds with C_i^t < 0 in a row before a client exits")
+    smoothness: float = opt(1.0, "L of eq. (12)")
+
+    def __post_init__(self) -> None:
+        require(self.lambda_ >= 0, f"algorithm.lambda_ must be >= 0, got {self.lambda_}")
+        require(self.patience >= 1, "algorithm.patience must be >= 1")
+        require(self.smoothness >= 0, "algorithm.smoothness must be >= 0")
+
+
+@register_algorithm("fedipg")
+class FedIPG(FedAvg):
+    Hyper = FedIPGHyper
+
+    def init(self) -> Tree:
+        n = self.ctx.data.num_clients
+        exited = torch.zeros(n, dtype=torch.bool)
+        bad = [i for i in self.hp.exit_clients if not 0 <= i < n]
+        require(not bad, f"algorithm.exit_clients has ids {bad} outside 0..{n - 1}")
+        exited[list(self.hp.exit_clients)] = True
+        return {**super().init(), "exited": exited, "negative": torch.zeros(n, dtype=torch.int64)}
+
+    def configure(self, server: Tree, cohort) -> Payload:
+        return Payload(broadcast={k: v for k, v in server.items() if k[:2] in ("p/", "b/")})
+
+    def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
+        def risk(p, b):
+            return cross_entropy(self.ctx.forward(p, b, x), y, w)
+
+        penalty, value = gradient_alignment_penalty(risk, params, buffers)  # eq. (8)
+        return value + self.hp.lambda_ * penalty
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        params, buffers, received = self.start_from_broadcast(payload, len(cohort))
+        out = self.ctx.train(self.loss, params, buffers, cohort, shared=received)
+        upload = {**model_state(out.params, out.buffers), "steps": out.steps.float()}
+        return ClientResult(upload, {}, cohort.num_examples, out.loss)
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        models = {k: v for k, v in uploads.items() if k != "steps"}
+        in_id = ~server["exited"][info.ids.to(server["exited"].device)].cpu()
+        weights = info.num_examples * in_id
+        contribution = self.contributions(
+            server, models, uploads["steps"], weights, info.num_examples
+        )
+        new = dict(server)
+        if weights.sum() > 0:  # Alg. 1 line 6: aggregate I_ID only
+            new.update(weighted_mean(models, weights))
+        negative = server["negative"].clone()
+        ids = info.ids.to(negative.device)
+        negative[ids] = torch.where(contribution < 0, negative[ids] + 1, 0)
+        new["negative"] = negative
+        if self.hp.exit_rule == "contribution":
+            new["exited"] = server["exited"] | (negative >= self.hp.patience)
+        info.log["contribution"] = contribution
+        info.log["clients"] = info.ids
+        info.log["exited"] = new["exited"].nonzero().view(-1)
+        return new
+
+    def contributions(self, server: Tree, models: Tree, steps, weights, sizes) -> torch.Tensor:
+        """C_i^t of eq. (12) for every upload (see the module docstring)."""
+        lr = self.ctx.sgd.lr
+        w_t, _ = split_state(server)
+        up, _ = split_state(models)
+        scale = (lr * steps.clamp(min=1)).double()
+        g = torch.cat(
+            [((w_t[k].double() - up[k].double()).reshape(len(steps), -1)) for k in w_t], 1
+        ) / scale[:, None].to(up[next(iter(up))].device)
+        q = (weights / weights.sum().clamp(min=1e-12)).double().to(g.device)
+        g_hat = (q[:, None] * g).sum(0)  # ∇R(w^t) of the I_ID objective
+        p = (sizes / sizes.sum().clamp(min=1e-12)).double().to(g.device)
+        norm = (g_hat**2).sum().clamp(min=1e-30)
+        first = p * (g @ g_hat)
+        second = 0.5 * self.hp.smoothness * lr * p**2 * (g**2).sum(1)
+        return (lr * (first - second) / norm).float().cpu()
