@@ -97,7 +97,9 @@ def _run(
     if simulation == deployment:
         raise FedshiftError("choose one Flower engine: --simulation or --deployment")
     if simulation and (superlink or address or root_certificates or insecure):
-        raise FedshiftError("--superlink/--address/--root-certificates/--insecure need --deployment")
+        raise FedshiftError(
+            "--superlink/--address/--root-certificates/--insecure need --deployment"
+        )
     require_flower()
     overrides = parse_set(set_ or [])
     for key, value in (

@@ -110,7 +110,7 @@ class LocalFederation:
         self.link = self._spawn("superlink", link)
         self._wait_port(self.port, "SuperLink")
         self._write_cli_config()
-        for private, public in self.keys:
+        for _private, public in self.keys:
             self.register(public)
         for i in range(self.n):
             self.start_node(i)

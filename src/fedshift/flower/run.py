@@ -84,8 +84,9 @@ __all__ = ["client_app", "server_app"]
 '''
 
 
-def write_app(folder: Path, configs: list[RunConfig], db: str, round_timeout: float,
-              connect_timeout: float) -> Path:
+def write_app(
+    folder: Path, configs: list[RunConfig], db: str, round_timeout: float, connect_timeout: float
+) -> Path:
     """A Flower App (pyproject.toml + module) whose run config holds the fedshift jobs."""
     import tomli_w
 
