@@ -32,3 +32,24 @@ def toy_data(sizes=(5, 37, 120, 64, 9, 200, 33), dim=6, classes=3, seed=0) -> Fe
         val=val,
         default_model="mlp",
     )
+
+
+def toy_env_data(seed: int = 0) -> FederatedData:
+    """:func:`toy_data` with two training environments (env id per sample, alternating
+    over clients), for methods that need environment labels (FedSDR, DRFA …)."""
+    data = toy_data(seed=seed)
+    sizes = data.train.sizes().tolist()
+    data.train.env = torch.cat(
+        [torch.full((n,), i % 2, dtype=torch.int64) for i, n in enumerate(sizes)]
+    )
+    data.train_env_names = ["e0", "e1"]
+    return data
+
+
+# Algorithms whose generic tests need something other than the plain toy problem.
+NEEDS_ENVIRONMENTS = {"fedsdr", "fedsdr-fedavg", "fedsdr-pfedme", "drfa", "perinvfl"}
+
+
+def algorithm_test_data(algorithm: str):
+    """A factory of the tiny problem generic per-algorithm tests (resume, cohort size) use."""
+    return toy_env_data if algorithm in NEEDS_ENVIRONMENTS else toy_data

@@ -54,6 +54,7 @@ class RunOutcome:
             "time_s": round(self.result.time_s, 3),
             "bytes_up": self.result.bytes_up,
             "bytes_down": self.result.bytes_down,
+            "events": count_events(self.result.rounds),
         }
 
     def frame(self):
@@ -69,6 +70,15 @@ class RunOutcome:
         except ImportError:
             return rows
         return pd.DataFrame(rows)
+
+
+def count_events(rounds: list[RoundRecord]) -> dict[str, int]:
+    """How many client faults of each kind the run met (dropped, delayed, nonfinite …)."""
+    counts: dict[str, int] = {}
+    for rec in rounds:
+        for e in rec.extras.get("events", []):
+            counts[e["event"]] = counts.get(e["event"], 0) + 1
+    return counts
 
 
 def seeds_summary(outcomes: list[RunOutcome]) -> dict[str, Any]:

@@ -189,6 +189,9 @@ def run(
         f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
         f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {db}"
     )
+    if summary.get("events"):
+        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
+        err.print(f"client faults (excluded from aggregation or late): {kinds}")
     if json_:
         print_json(summary)
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import tomllib
 
-from .errors import FedshiftError
+from .errors import FedshiftError, did_you_mean
 from .options import _convert, require
 
-SECTIONS = ("algorithm", "scenario", "model")
+SECTIONS = ("algorithm", "scenario", "model", "faults")
 ALIASES = {"checkpoint.every": "checkpoint_every"}
 
 
@@ -49,18 +49,29 @@ class RunConfig:
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     scenario_options: dict[str, Any] = field(default_factory=dict)
     model_options: dict[str, Any] = field(default_factory=dict)
+    faults_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
-        require(self.rounds >= 0, f"rounds must be >= 0, got {self.rounds}")
+        require(0 <= self.rounds <= 10**7, f"rounds must lie in 0..10^7, got {self.rounds}")
+        require(0 <= self.seed < 2**32, f"seed must lie in 0..2^32-1, got {self.seed}")
         require(self.lr > 0, f"lr must be positive, got {self.lr}")
         require(
-            self.batch_size >= 0, f"batch_size must be >= 0 (0 = full batch), got {self.batch_size}"
+            0 <= self.batch_size <= 10**6,
+            f"batch_size must lie in 0..10^6 (0 = full batch), got {self.batch_size}",
         )
-        require(self.local_epochs >= 1, f"local_epochs must be >= 1, got {self.local_epochs}")
-        require(self.local_steps >= 0, f"local_steps must be >= 0, got {self.local_steps}")
+        require(
+            1 <= self.local_epochs <= 10**4,
+            f"local_epochs must lie in 1..10^4, got {self.local_epochs}",
+        )
+        require(
+            0 <= self.local_steps <= 10**7,
+            f"local_steps must lie in 0..10^7 (0 = use local_epochs), got {self.local_steps}",
+        )
+        require(self.momentum >= 0, f"momentum must be >= 0, got {self.momentum}")
+        require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
         require(
             0 <= self.participation <= 1,
-            f"participation must be in (0, 1], got {self.participation}",
+            f"participation must lie in [0, 1] (0 = scenario default), got {self.participation}",
         )
         require(self.clients_per_round >= 0, "clients_per_round must be >= 0")
         require(
@@ -111,7 +122,8 @@ def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
             setattr(cfg, key, _convert(key, hints[key], raw))
         else:
             allowed = ", ".join(list(_TOP) + [f"{s}.<option>" for s in SECTIONS])
-            raise FedshiftError(f"unknown config key {key!r}; allowed keys: {allowed}")
+            hint = did_you_mean(key, list(_TOP) + list(ALIASES))
+            raise FedshiftError(f"unknown config key {key!r}{hint}; allowed keys: {allowed}")
     return cfg
 
 

@@ -13,6 +13,7 @@ from .algorithms import ALGORITHMS, Algorithm
 from .config import RunConfig
 from .data import FederatedData, build_scenario
 from .engine.context import Context
+from .engine.faults import FaultOptions
 from .engine.local import LocalTrainer
 from .engine.runner import RoundRecord, Runner
 from .engine.sgd import SGDConfig
@@ -52,6 +53,7 @@ def build_experiment(
     cfg.validate()
     alg_cls = ALGORITHMS.get(cfg.algorithm)
     hyper = build_options(alg_cls.Hyper, cfg.algorithm_options, "algorithm")
+    faults = build_options(FaultOptions, cfg.faults_options, "faults")
     device = resolve_device(cfg.device)
     if data is None:
         data = build_scenario(cfg.scenario, cfg.scenario_options, cfg.seed, cfg.data_dir or None)
@@ -87,6 +89,7 @@ def build_experiment(
         cohort_size=cfg.cohort_size or None,
         eval_every=eval_interval(cfg),
         on_round=on_round,
+        faults=faults,
     )
     return Experiment(cfg, data, ctx, algorithm, runner)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
 
-from .errors import FedshiftError
+from .errors import FedshiftError, did_you_mean
 
 
 def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -83,18 +84,21 @@ def _convert(key: str, tp: Any, raw: Any) -> Any:
             raise FedshiftError(f"{key}={raw!r} is not an integer")
         try:
             f = float(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise FedshiftError(f"{key}={raw!r} is not an integer") from None
-        if f != int(f):
+        if not math.isfinite(f) or f != int(f):
             raise FedshiftError(f"{key}={raw!r} is not an integer")
         return int(f)
     if tp is float:
         if isinstance(raw, bool):
             raise FedshiftError(f"{key}={raw!r} is not a number")
         try:
-            return float(raw)
-        except (TypeError, ValueError):
+            f = float(raw)
+        except (TypeError, ValueError, OverflowError):
             raise FedshiftError(f"{key}={raw!r} is not a number") from None
+        if not math.isfinite(f):
+            raise FedshiftError(f"{key}={raw!r} is not a finite number")
+        return f
     if tp is str:
         if not isinstance(raw, (str, int, float)):
             raise FedshiftError(f"{key}={raw!r} is not a string")
@@ -119,7 +123,8 @@ def build_options(cls: type, values: dict[str, Any], prefix: str) -> Any:
         full = f"{prefix}.{key}" if prefix else key
         if key not in fields:
             allowed = ", ".join(f"{prefix}.{k}" for k in fields) or "none"
-            raise FedshiftError(f"unknown option {full!r}; allowed: {allowed}")
+            hint = did_you_mean(key, fields)
+            raise FedshiftError(f"unknown option {full!r}{hint}; allowed: {allowed}")
         val = _convert(full, hints[key], raw)
         choices = fields[key].metadata.get("choices")
         if choices is not None and val not in choices:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from .errors import FedshiftError
+from .errors import FedshiftError, did_you_mean
 
 T = TypeVar("T")
 
@@ -26,8 +26,9 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._items:
+            hint = did_you_mean(name, self._items)
             raise FedshiftError(
-                f"unknown {self.kind} {name!r}; available: {', '.join(sorted(self._items))}"
+                f"unknown {self.kind} {name!r}{hint}; available: {', '.join(sorted(self._items))}"
             )
         return self._items[name]
 

@@ -17,10 +17,12 @@ from torch import Tensor
 
 from ..algorithms.base import Algorithm, RoundInfo
 from ..data.federated import Split
+from ..errors import FedshiftError
 from ..eval.evaluate import correct_counts
 from ..eval.metrics import accuracy_percent, summarize
 from .checkpoint import save_checkpoint
 from .context import Context
+from .faults import FaultOptions, corrupt, finite, injected_fault, screen
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
 from .store import ClientStore
@@ -66,6 +68,7 @@ class Runner:
         eval_every: int = 0,
         state_device: str | torch.device | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
+        faults: FaultOptions | None = None,
     ) -> None:
         self.alg = algorithm
         self.ctx = ctx
@@ -80,6 +83,8 @@ class Runner:
         self.checkpoint_path: Path | None = None
         self.checkpoint_every = 0
         self.stop_requested = False
+        self.faults = faults or FaultOptions()
+        self.pending: list[dict] = []  # late uploads (faults.delay), delivered in a later round
         self.store = ClientStore(
             algorithm.init_client_state(self.server), n, state_device or ctx.device
         )
@@ -104,14 +109,75 @@ class Runner:
             uploads.append(result.upload)
             weights.append(result.num_examples)
             losses.append(result.loss.detach().cpu())
+        upload = concat(uploads)
         w = torch.cat(weights).cpu().float()
-        info = RoundInfo(ids, w, r)
-        self.server = self.alg.aggregate(self.server, concat(uploads), info)
+        keep, events = self.contain_faults(r, ids, upload, w)
+        ids_in, w_in, upload_in = self.deliver(r, ids, w, upload, keep)
+        rec_extras: dict = {}
+        if len(ids_in):
+            info = RoundInfo(ids_in, w_in, r)
+            self.server = self.alg.aggregate(self.server, upload_in, info)
+            rec_extras = plain(info.log)
+            if not finite(self.server):
+                raise NonFiniteState(r + 1)
+        elif len(ids):
+            events.append({"client": None, "event": "no-usable-upload"})
         loss = torch.cat(losses)
-        mean_loss = float((loss * w).sum() / w.sum().clamp(min=1e-12))
+        ok = torch.isfinite(loss)
+        mean_loss = float((loss[ok] * w[ok]).sum() / w[ok].sum().clamp(min=1e-12))
         rec = RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
-        rec.extras = plain(info.log)
+        rec.extras = {**rec_extras, **({"events": events} if events else {})}
         return rec
+
+    def contain_faults(
+        self, r: int, ids: Tensor, upload: Tree, weights: Tensor
+    ) -> tuple[Tensor, list[dict]]:
+        """Apply injected faults (lost, late, corrupted uploads) and exclude uploads that are
+        non-finite or of exploding norm. Returns which rows reach this round's aggregation
+        and one event per affected client; late uploads wait in ``self.pending``."""
+        keep = torch.ones(len(ids), dtype=torch.bool)
+        events: list[dict] = []
+        for j, c in enumerate(ids.tolist()):
+            kind = injected_fault(self.faults, self.ctx.seed, r, c)
+            if kind is None:
+                continue
+            events.append({"client": c, "event": kind})
+            if kind == "corrupted":
+                corrupt(upload, j)
+            else:
+                keep[j] = False
+            if kind == "delayed":
+                self.pending.append(
+                    {
+                        "due": r + self.faults.delay,
+                        "sent": r,
+                        "client": c,
+                        "num_examples": float(weights[j]),
+                        "upload": {k: v[j].detach().cpu().clone() for k, v in upload.items()},
+                    }
+                )
+        for j, why in enumerate(screen(upload, self.faults)):
+            if why is not None and keep[j]:
+                keep[j] = False
+                events.append({"client": int(ids[j]), "event": why})
+        return keep, events
+
+    def deliver(
+        self, r: int, ids: Tensor, w: Tensor, upload: Tree, keep: Tensor
+    ) -> tuple[Tensor, Tensor, Tree]:
+        """This round's usable uploads, followed by late uploads that arrive now (stale)."""
+        due = [p for p in self.pending if p["due"] == r]
+        self.pending = [p for p in self.pending if p["due"] != r]
+        index = keep.nonzero().flatten()
+        parts = [{k: v[index.to(v.device)] for k, v in upload.items()}]
+        ids_in = [ids[index]]
+        w_in = [w[index]]
+        dev = self.ctx.device
+        for p in due:
+            parts.append({k: v.unsqueeze(0).to(dev) for k, v in p["upload"].items()})
+            ids_in.append(torch.tensor([p["client"]]))
+            w_in.append(torch.tensor([p["num_examples"]]))
+        return torch.cat(ids_in), torch.cat(w_in), concat(parts)
 
     def accuracy(self, splits: dict[str, Split], round_: int) -> Tensor:
         """[N, E] percent accuracy of every client's predictor on each split."""
@@ -151,6 +217,7 @@ class Runner:
             "time_s": result.time_s,
             "bytes_up": result.bytes_up,
             "bytes_down": result.bytes_down,
+            "pending": self.pending,
         }
 
     def load_state_dict(self, state: dict) -> RunResult:
@@ -163,6 +230,7 @@ class Runner:
         result.time_s, result.bytes_up = state["time_s"], state["bytes_up"]
         result.bytes_down = state["bytes_down"]
         self.start_round = state["rounds_done"]
+        self.pending = list(state.get("pending", []))
         return result
 
     def new_result(self) -> RunResult:
@@ -214,6 +282,18 @@ def plain(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return value
+
+
+class NonFiniteState(FedshiftError):
+    """The server state became NaN/Inf: the run stops; its last checkpoint stays usable."""
+
+    def __init__(self, round_: int) -> None:
+        super().__init__(
+            f"the global state became non-finite (NaN/Inf) in round {round_}; the run stopped "
+            "without recording metrics and its last checkpoint is kept; lower lr, or set "
+            "faults.max_norm to exclude exploding client updates"
+        )
+        self.round = round_
 
 
 class RunStopped(Exception):

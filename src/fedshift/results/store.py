@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import sqlite3
 from contextlib import closing
@@ -61,6 +62,23 @@ CREATE TABLE IF NOT EXISTS client_accuracy (
 """
 
 
+# columns added after the first release: (table, column, type)
+MIGRATIONS = [("rounds", "extras", "TEXT"), ("runs", "pid", "INTEGER")]
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether a process with this id still runs on this machine."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -72,15 +90,41 @@ def _num(v: float | None) -> float | None:
 class RunStore:
     def __init__(self, path: str | Path = DEFAULT_DB) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise FedshiftError(f"the run store {str(self.path)!r} is a folder; give a file path")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with closing(self._connect()) as conn, conn:
+                self._check_foreign(conn)
                 conn.executescript(SCHEMA)
-                cols = {r["name"] for r in conn.execute("PRAGMA table_info(rounds)")}
-                if "extras" not in cols:  # a store written before per-round extras existed
-                    conn.execute("ALTER TABLE rounds ADD COLUMN extras TEXT")
+                for table, column, kind in MIGRATIONS:  # stores written by older versions
+                    cols = {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
+                    if column not in cols:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        except sqlite3.DatabaseError as e:
+            raise FedshiftError(
+                f"{str(self.path)!r} is not a readable fedshift run store ({e}); "
+                "give another --db path"
+            ) from None
         except (OSError, sqlite3.Error) as e:
             raise FedshiftError(f"cannot open the run store {str(self.path)!r}: {e}") from None
+
+    def _check_foreign(self, conn: sqlite3.Connection) -> None:
+        """Refuse an SQLite database of another program rather than add tables to it."""
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if tables and "runs" not in tables:
+            raise FedshiftError(
+                f"{str(self.path)!r} is an SQLite database of something else (tables: "
+                f"{', '.join(sorted(tables))}), not a fedshift run store; give another --db path"
+            )
+        if "runs" in tables:
+            cols = {r["name"] for r in conn.execute("PRAGMA table_info(runs)")}
+            missing = {"run_id", "status", "algorithm", "config"} - cols
+            if missing:
+                raise FedshiftError(
+                    f"{str(self.path)!r} has a 'runs' table that is not fedshift's (no "
+                    f"{', '.join(sorted(missing))}); give another --db path"
+                )
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30)
@@ -93,7 +137,7 @@ class RunStore:
         with closing(self._connect()) as conn, conn:
             conn.execute(
                 "INSERT INTO runs (run_id, created, status, algorithm, scenario, seed, rounds,"
-                " config, environment) VALUES (?,?,?,?,?,?,?,?,?)",
+                " config, environment, pid) VALUES (?,?,?,?,?,?,?,?,?,?)",
                 (
                     run_id,
                     _now(),
@@ -104,6 +148,7 @@ class RunStore:
                     config["rounds"],
                     json.dumps(config),
                     json.dumps(environment),
+                    os.getpid(),
                 ),
             )
         return run_id
@@ -137,8 +182,8 @@ class RunStore:
         """Mark a run as running again (resume)."""
         with closing(self._connect()) as conn, conn:
             conn.execute(
-                "UPDATE runs SET status='running', finished=NULL, error=NULL WHERE run_id=?",
-                (run_id,),
+                "UPDATE runs SET status='running', finished=NULL, error=NULL, pid=? WHERE run_id=?",
+                (os.getpid(), run_id),
             )
 
     def finish(self, run_id: str, result, val: float | None) -> None:
@@ -203,4 +248,9 @@ class RunStore:
         d = dict(row)
         for k in ("config", "environment", "metrics"):
             d[k] = json.loads(d[k]) if d[k] else None
+        if d["status"] == "running" and not _alive(d.pop("pid", None)):
+            # its process is gone without a word (SIGKILL, power cut): resumable, not running
+            d["status"] = "interrupted"
+            d["error"] = d["error"] or "the process running it ended abruptly (killed?)"
+        d.pop("pid", None)
         return d

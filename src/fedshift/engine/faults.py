@@ -1,0 +1,101 @@
+"""Client faults: injected ones (a lost, late or corrupted upload — the aberrant clients of
+FedIPG §VI-A / SPEC §2.3) and numerical ones (an upload with NaN/Inf or an exploding norm).
+
+Every decision is drawn from (run seed, round, client, "faults"), so it does not depend on
+the cohort size or the visiting order, and a resumed run meets the same faults. The runner
+applies them between ``client_update`` and ``aggregate`` and records one event per affected
+client and round (``RoundRecord.extras["events"]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..options import opt, require
+from .rng import generator
+from .tree import Tree
+
+
+@dataclass(frozen=True)
+class FaultOptions:
+    clients: list[int] = opt(
+        [], "ids of the aberrant clients the injected faults apply to ([] = every client)"
+    )
+    drop: float = opt(0.0, "probability that an aberrant client's upload is lost (unreliable)")
+    delay: int = opt(0, "rounds an aberrant client's upload arrives late (slow client, τ)")
+    corrupt: float = opt(0.0, "probability that an aberrant client's upload turns to NaN")
+    max_norm: float = opt(
+        0.0, "exclude an upload whose norm exceeds this many times the round's median (0 = off)"
+    )
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.drop <= 1.0, f"faults.drop={self.drop} must lie in [0, 1]")
+        require(0.0 <= self.corrupt <= 1.0, f"faults.corrupt={self.corrupt} must lie in [0, 1]")
+        require(self.delay >= 0, f"faults.delay={self.delay} must be >= 0 rounds")
+        require(self.max_norm >= 0, f"faults.max_norm={self.max_norm} must be >= 0 (0 = off)")
+        require(
+            all(int(c) >= 0 for c in self.clients),
+            f"faults.clients={list(self.clients)} must list client ids >= 0",
+        )
+
+    @property
+    def injects(self) -> bool:
+        return self.drop > 0 or self.delay > 0 or self.corrupt > 0
+
+
+def injected_fault(opts: FaultOptions, seed: int, round_: int, client: int) -> str | None:
+    """What happens to this client's upload this round: None, "dropped", "delayed" or
+    "corrupted" (seeded; only aberrant clients are affected)."""
+    if not opts.injects or (opts.clients and client not in opts.clients):
+        return None
+    u = generator(seed, round_, client, "faults").random(2)
+    if u[0] < opts.drop:
+        return "dropped"
+    if u[1] < opts.corrupt:
+        return "corrupted"
+    if opts.delay > 0:
+        return "delayed"
+    return None
+
+
+def corrupt(upload: Tree, row: int) -> None:
+    """Replace one client's row of every floating upload tensor by NaN (in place)."""
+    for v in upload.values():
+        if v.is_floating_point():
+            v[row] = float("nan")
+
+
+def row_norms(upload: Tree) -> Tensor:
+    """[P] L2 norm of each participant's floating upload tensors together."""
+    total = None
+    for v in upload.values():
+        if not v.is_floating_point():
+            continue
+        sq = v.detach().reshape(v.shape[0], -1).double().pow(2).sum(1)
+        total = sq if total is None else total + sq
+    if total is None:
+        return torch.zeros(0)
+    return total.sqrt().cpu()
+
+
+def screen(upload: Tree, opts: FaultOptions) -> list[str | None]:
+    """Per participant: None when its upload is usable, else why not ("nonfinite" or
+    "norm"). A norm is exploding when it exceeds ``max_norm`` × the median of the finite
+    norms of the round."""
+    norms = row_norms(upload)
+    if norms.numel() == 0:
+        return []
+    verdict: list[str | None] = [None if torch.isfinite(n) else "nonfinite" for n in norms]
+    finite = norms[torch.isfinite(norms)]
+    if opts.max_norm > 0 and finite.numel() > 0:
+        limit = opts.max_norm * float(finite.median())
+        over = [float(n) > limit for n in norms]
+        verdict = [v or ("norm" if o else None) for v, o in zip(verdict, over, strict=True)]
+    return verdict
+
+
+def finite(tree: Tree) -> bool:
+    return all(bool(torch.isfinite(v).all()) for v in tree.values() if v.is_floating_point())
