@@ -36,7 +36,14 @@ server_app = ServerApp()
 def round_line(index: int, rec) -> str:
     acc = rec.metrics["average"] if rec.metrics else None
     return ROUND_PREFIX + json.dumps(
-        {"index": index, "round": rec.round, "loss": rec.loss, "acc": acc, "time_s": rec.time_s}
+        {
+            "index": index,
+            "round": rec.round,
+            "loss": rec.loss,
+            "acc": acc,
+            "time_s": rec.time_s,
+            "flower": rec.extras.get("flower", {}),
+        }
     )
 
 

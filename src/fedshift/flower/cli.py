@@ -155,6 +155,9 @@ def _run(
         f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
         f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {db}"
     )
+    if summary.get("events"):
+        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
+        cli.err.print(f"client faults (excluded from aggregation or late): {kinds}")
     if json_:
         cli.print_json(summary)
 

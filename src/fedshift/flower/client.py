@@ -20,6 +20,7 @@ here gives the numbers it gets inside a batched cohort in-process.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 
 import torch
@@ -35,6 +36,7 @@ from .records import config_from_json, from_record, to_record
 
 _CACHE: OrderedDict[str, Experiment] = OrderedDict()
 _CACHE_SIZE = 2
+_TIMES = {"first": True, "build": 0.0}  # where a node's time goes (reported per message)
 
 client_app = ClientApp()
 
@@ -62,7 +64,9 @@ def experiment(config_json: str, context: Context) -> Experiment:
         cfg.data_dir = data_dir
     elif cfg.data_dir and not os.path.isdir(cfg.data_dir):
         cfg.data_dir = ""  # the server's path does not exist here: use $FEDSHIFT_DATA
+    t0 = time.perf_counter()
     exp = build_experiment(cfg)
+    _TIMES["build"] += time.perf_counter() - t0
     _CACHE[key] = exp
     while len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -91,6 +95,25 @@ def _save_state(exp: Experiment, context: Context, job: str, state: Tree) -> Non
         context.state[_state_key(job)] = to_record(state)
 
 
+def _process_age() -> float:
+    """Seconds since this process started (Python, imports, Flower's FAB install)."""
+    try:
+        import psutil
+
+        return max(time.time() - psutil.Process().create_time(), 0.0)
+    except ImportError:
+        return 0.0
+
+
+def _timings(t_enter: float, t_update: float) -> dict[str, float]:
+    """startup: process start → handler (first message of a process only); build: scenario,
+    model and algorithm (0 when cached); update: the algorithm's client work."""
+    startup = _process_age() - (time.perf_counter() - t_enter) if _TIMES["first"] else 0.0
+    out = {"t_startup": startup, "t_build": _TIMES["build"], "t_update": t_update}
+    _TIMES["first"], _TIMES["build"] = False, 0.0
+    return out
+
+
 def _setup(message: Message, context: Context) -> tuple[Experiment, int, int, str]:
     job = message.content.config_records["job"]
     exp = experiment(str(job["config"]), context)
@@ -114,6 +137,7 @@ def query(message: Message, context: Context) -> Message:
 
 @client_app.train()
 def train(message: Message, context: Context) -> Message:
+    t_enter = time.perf_counter()
     exp, cid, round_, job = _setup(message, context)
     dev = exp.ctx.device
     cohort = exp.ctx.cohort(torch.tensor([cid]), round_)
@@ -122,7 +146,9 @@ def train(message: Message, context: Context) -> Message:
         broadcast=from_record(arrays.get("broadcast"), dev),
         per_client=from_record(arrays.get("per_client"), dev),
     )
+    t0 = time.perf_counter()
     result = exp.algorithm.client_update(payload, _load_state(exp, context, job), cohort)
+    t_update = time.perf_counter() - t0
     _save_state(exp, context, job, result.state)
     reply = RecordDict(
         {
@@ -131,6 +157,7 @@ def train(message: Message, context: Context) -> Message:
                 {
                     "num_examples": float(result.num_examples.reshape(-1)[0]),
                     "loss": float(result.loss.detach().reshape(-1)[0]),
+                    **_timings(t_enter, t_update),
                 }
             ),
         }

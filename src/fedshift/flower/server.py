@@ -30,7 +30,8 @@ from flwr.serverapp import Grid
 from ..algorithms.base import RoundInfo
 from ..api import RunOutcome, _recorder
 from ..config import RunConfig
-from ..engine.runner import RoundRecord, Runner, plain
+from ..engine.faults import finite
+from ..engine.runner import NonFiniteState, RoundRecord, Runner, plain
 from ..engine.sampling import sample_clients
 from ..engine.tree import Tree, concat, nbytes
 from ..errors import FedshiftError
@@ -123,6 +124,7 @@ class FlowerRunner(Runner):
             cohort_size=r.cohort_size,
             eval_every=r.eval_every,
             on_round=r.on_round,
+            faults=r.faults,
         )
         self.config = exp.config
         self.grid = grid
@@ -182,6 +184,7 @@ class FlowerRunner(Runner):
         replies = self.exchange(messages, "train", r)
         uploads: list[Tree] = []
         weights, losses = [], []
+        times: dict[str, list[float]] = {"t_startup": [], "t_build": [], "t_update": []}
         up = 0
         for client in ids.tolist():
             content = replies[client].content
@@ -191,13 +194,29 @@ class FlowerRunner(Runner):
             uploads.append(upload)
             weights.append(torch.tensor([metrics["num_examples"]], dtype=torch.float32))
             losses.append(torch.tensor([metrics["loss"]], dtype=torch.float32))
+            for k, v in times.items():
+                v.append(float(metrics.get(k, 0.0)))
+        # from here on exactly the in-process round (faults, late uploads, aggregation)
+        upload = concat(uploads)
         w = torch.cat(weights).cpu().float()
-        info = RoundInfo(ids, w, r)
-        self.server = self.alg.aggregate(self.server, concat(uploads), info)
+        keep, events = self.contain_faults(r, ids, upload, w)
+        ids_in, w_in, upload_in = self.deliver(r, ids, w, upload, keep)
+        rec_extras: dict = {}
+        if len(ids_in):
+            info = RoundInfo(ids_in, w_in, r)
+            self.server = self.alg.aggregate(self.server, upload_in, info)
+            rec_extras = plain(info.log)
+            if not finite(self.server):
+                raise NonFiniteState(r + 1)
+        elif len(ids):
+            events.append({"client": None, "event": "no-usable-upload"})
         loss = torch.cat(losses)
-        mean_loss = float((loss * w).sum() / w.sum().clamp(min=1e-12))
+        ok = torch.isfinite(loss)
+        mean_loss = float((loss[ok] * w[ok]).sum() / w[ok].sum().clamp(min=1e-12))
         rec = RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
-        rec.extras = plain(info.log)
+        rec.extras = {**rec_extras, **({"events": events} if events else {})}
+        # where the round's time went on the nodes (mean over the sampled clients)
+        rec.extras["flower"] = {k[2:] + "_s": round(sum(v) / len(v), 4) for k, v in times.items()}
         return rec
 
     def evaluate(self, round_: int) -> tuple[torch.Tensor, dict, torch.Tensor | None, float | None]:
