@@ -66,9 +66,11 @@ def simulate(
         )
 
     workers = actors or min(os.cpu_count() or 1, n)
+    # Ray hides GPUs from workers that asked for none: CUDA runs share the GPU(s)
+    cuda = any(c.device.startswith("cuda") for c in configs)
     backend = {
-        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-        "init_args": {"num_cpus": workers, "num_gpus": 0},
+        "client_resources": {"num_cpus": 1, "num_gpus": 1.0 / workers if cuda else 0.0},
+        "init_args": {"num_cpus": workers},
     }
     run_simulation(server_app, client_app, num_supernodes=n, backend_config=backend)
     if len(outcomes) != len(configs):
