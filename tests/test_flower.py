@@ -273,6 +273,7 @@ def test_killed_supernode_stops_the_run_with_a_clear_message(flower_env, tmp_pat
         assert not th.is_alive()
     assert _processes_gone(fed)
     assert error and isinstance(error[0], FedshiftError)
+    print("the run stopped with:", error[0])
     assert "client 1" in str(error[0])
     (rec,) = RunStore(db).runs()
     assert rec["status"] == "failed" and "client 1" in rec["error"]

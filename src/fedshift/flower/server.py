@@ -56,10 +56,7 @@ class Nodes:
     of_client: dict[int, int] = field(default_factory=dict)  # client id → node id
 
     def client_of(self, node: int) -> int | None:
-        for c, n in self.of_client.items():
-            if n == node:
-                return c
-        return None
+        return next((c for c, n in self.of_client.items() if n == node), None)
 
 
 def discover(grid: Grid, num_clients: int, timeout: float) -> Nodes:
