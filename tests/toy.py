@@ -46,10 +46,8 @@ def toy_env_data(seed: int = 0) -> FederatedData:
     return data
 
 
-# Algorithms whose generic tests need something other than the plain toy problem.
-NEEDS_ENVIRONMENTS = {"fedsdr", "fedsdr-fedavg", "fedsdr-pfedme", "drfa", "perinvfl"}
-
-
 def algorithm_test_data(algorithm: str):
-    """A factory of the tiny problem generic per-algorithm tests (resume, cohort size) use."""
-    return toy_env_data if algorithm in NEEDS_ENVIRONMENTS else toy_data
+    """A factory of the tiny problem generic per-algorithm tests (resume, cohort size) use:
+    with environment ids for every method, since methods that need none must ignore them
+    (their losses see ``extras["env"]`` all the same)."""
+    return toy_env_data

@@ -196,6 +196,64 @@ def run(
         print_json(summary)
 
 
+@app.command()
+@user_errors
+def sweep(
+    source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="fixed config key: key=value")
+    ] = None,
+    grid: Annotated[
+        list[str] | None, typer.Option("--grid", "-g", help="swept key: key=v1,v2,… (repeatable)")
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="seeds per grid point, e.g. 0,1,2")] = "0",
+    rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+) -> None:
+    """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
+    from .config import parse_seeds, parse_set
+    from .sweep import parse_grid, run_sweep
+
+    overrides = parse_set(set_ or [])
+    for key, value in (("rounds", rounds), ("device", device), ("data_dir", data_dir)):
+        if value is not None:
+            overrides[key] = value
+    result = run_sweep(
+        source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar
+    )
+    console = err if json_ else out
+    table = Table(
+        title=f"sweep: {result['algorithm']} on {result['scenario']}, seeds "
+        f"{result['seeds']} (mean ± std; selected by validation accuracy)"
+    )
+    for col in ("", "grid point", "val", "worst", "average"):
+        table.add_column(col)
+    for i, p in enumerate(result["points"]):
+        m, s = p["metrics"], p["metrics_std"]
+        table.add_row(
+            "*" if i == result["selected"] else "",
+            ", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—",
+            f"{fmt(p['val'])} ± {fmt(p['val_std'])}",
+            f"{fmt(m['worst'])} ± {fmt(s['worst'])}",
+            f"{fmt(m['average'])} ± {fmt(s['average'])}",
+        )
+    console.print(table)
+    chosen = ", ".join(f"{k}={v}" for k, v in result["selected_params"].items()) or "—"
+    console.print(
+        summary_table(
+            f"selected {chosen} — test accuracy %",
+            [(result["algorithm"], result["metrics"])],
+            std=[result["metrics_std"]],
+        )
+    )
+    err.print(f"{len(result['run_ids'])} runs recorded in {db}")
+    if json_:
+        print_json(result)
+
+
 def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
     from .api import resume
 

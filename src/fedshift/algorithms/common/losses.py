@@ -23,5 +23,9 @@ def cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
 
 
 def squared_distance(a: Tree, b: Tree) -> Tensor:
-    """‖a − b‖² summed over the keys of ``b`` (proximal terms: FedProx, Ditto, pFedMe …)."""
-    return sum(((a[k] - b[k]) ** 2).sum() for k in b) if b else torch.zeros(())
+    """‖a − b‖² over the keys both trees have (proximal terms: FedProx, Ditto, pFedMe …).
+
+    ``b`` is often a loss's ``extras``, which may carry more than the anchor model (the
+    minibatch's ``env`` ids, noise draws), so keys of ``b`` that ``a`` lacks are skipped."""
+    keys = [k for k in b if k in a]
+    return sum(((a[k] - b[k]) ** 2).sum() for k in keys) if keys else torch.zeros(())

@@ -1,0 +1,169 @@
+"""Hyper-parameter sweeps: a grid of config values × seeds, every run recorded in the run
+store, the grid point chosen by **validation** accuracy (thesis §4.5.2: never by test).
+
+``fedshift sweep --set algorithm=fedprox --grid algorithm.mu=0.001,0.01,0.1 --seeds 0,1``
+runs 3 × 2 configurations. For each grid point the sweep reports the mean ± std over seeds
+of the validation accuracy (the scenario's validation environments, averaged over clients
+and environments at the last round) and of every test metric; the selected point is the
+one with the highest mean validation accuracy (ties: the earliest point in grid order),
+and its test metrics are the sweep's result.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig, resolve
+from .errors import FedshiftError
+from .eval.metrics import mean_std, over_seeds
+from .options import build_options
+
+
+def split_values(text: str) -> list[str]:
+    """``"0.1,0.01"`` → ``["0.1", "0.01"]``; commas inside brackets stay, so list-valued
+    options sweep too: ``"[0.9,0.8],[0.95,0.85]"`` → two values."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return out
+
+
+def parse_grid(items: list[str]) -> dict[str, list[str]]:
+    """``["algorithm.mu=0.1,0.01", "lr=0.05,0.1"]`` → ``{key: [values]}`` (order kept)."""
+    grid: dict[str, list[str]] = {}
+    for item in items:
+        key, eq, values = item.partition("=")
+        key = key.strip()
+        vals = split_values(values) if eq else []
+        if not eq or not key or not all(vals):
+            raise FedshiftError(f"--grid {item!r} is not of the form key=value1,value2,…")
+        if key in grid:
+            raise FedshiftError(f"--grid {key} is given twice; list all its values once")
+        if len(set(vals)) != len(vals):
+            raise FedshiftError(f"--grid {item!r} repeats a value")
+        grid[key] = vals
+    return grid
+
+
+def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
+    """Cartesian product in the order given (the last key varies fastest)."""
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Validate the algorithm's and scenario's options before anything runs, so a typo in
+    the last grid point does not surface after hours of sweeping."""
+    from .algorithms import ALGORITHMS
+    from .data import SCENARIOS
+
+    build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
+    build_options(SCENARIOS.get(cfg.scenario).options, cfg.scenario_options, "scenario")
+
+
+@dataclass
+class GridPoint:
+    params: dict[str, str]
+    run_ids: list[str | None] = field(default_factory=list)
+    val: list[float | None] = field(default_factory=list)
+    summaries: list[dict] = field(default_factory=list)
+
+    def result(self) -> dict[str, Any]:
+        vm, vs = mean_std(self.val)
+        mean, std = over_seeds([s["metrics"] for s in self.summaries])
+        return {
+            "params": dict(self.params),
+            "run_ids": list(self.run_ids),
+            "val": vm,
+            "val_std": vs,
+            "metrics": mean,
+            "metrics_std": std,
+        }
+
+
+def run_sweep(
+    source: str | None,
+    overrides: dict[str, Any],
+    grid: dict[str, list[str]],
+    seeds: list[int],
+    db: str | Path | None,
+    progress: Callable | None = None,
+) -> dict[str, Any]:
+    """Run every grid point with every seed and select by validation accuracy.
+
+    ``progress(total_rounds, label) -> (bar, on_round)`` shows a bar per run (the CLI's).
+    Returns the JSON summary of ``fedshift sweep --json``.
+    """
+    from .api import run as run_api
+
+    if not seeds:
+        raise FedshiftError("a sweep needs at least one seed")
+    for key in grid:
+        if key in ("seed", "seeds"):
+            raise FedshiftError("sweep seeds with --seeds, not --grid seed=…")
+    points = grid_points(grid) if grid else [{}]
+    configs = []
+    for params in points:
+        per_seed = [resolve(source, {**overrides, **params, "seed": s}) for s in seeds]
+        check_config(per_seed[0])
+        configs.append(per_seed)
+
+    done = []
+    for params, per_seed in zip(points, configs, strict=True):
+        point = GridPoint(params)
+        for cfg in per_seed:
+            label = ", ".join(f"{k}={v}" for k, v in params.items()) or cfg.algorithm
+            bar, on_round = (
+                progress(cfg.rounds, f"{label} (seed {cfg.seed})")
+                if progress
+                else (
+                    None,
+                    None,
+                )
+            )
+            try:
+                outcome = run_api(cfg, db=db, on_round=on_round)
+            finally:
+                if bar is not None:
+                    bar.stop()
+            summary = outcome.summary()
+            if summary["val"] is None:
+                raise FedshiftError(
+                    f"scenario {cfg.scenario!r} has no validation environment, and a sweep "
+                    "selects by validation accuracy only (never by test)"
+                )
+            point.run_ids.append(summary["run_id"])
+            point.val.append(summary["val"])
+            point.summaries.append(summary)
+        done.append(point.result())
+
+    best = max(range(len(done)), key=lambda i: (done[i]["val"], -i))
+    first = configs[0][0]
+    return {
+        "algorithm": first.algorithm,
+        "scenario": first.scenario,
+        "rounds": first.rounds,
+        "seeds": list(seeds),
+        "grid": {k: list(v) for k, v in grid.items()},
+        "selection": "validation accuracy (mean over seeds)",
+        "points": done,
+        "selected": best,
+        "selected_params": done[best]["params"],
+        "val": done[best]["val"],
+        "metrics": done[best]["metrics"],
+        "metrics_std": done[best]["metrics_std"],
+        "run_ids": [r for p in done for r in p["run_ids"]],
+    }

@@ -1,0 +1,77 @@
+"""`fedshift sweep`: grid parsing, one stored run per grid point × seed, selection by
+validation accuracy (never test), mean ± std over seeds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from fedshift.cli import app
+from fedshift.errors import FedshiftError
+from fedshift.results.store import RunStore
+from fedshift.sweep import grid_points, parse_grid, split_values
+
+runner = CliRunner()
+
+
+def last_json(text: str):
+    return json.loads(text.strip().splitlines()[-1])
+
+
+def test_grid_parsing():
+    assert split_values("0.1, 0.01") == ["0.1", "0.01"]
+    assert split_values("[0.9,0.8],[0.95,0.85]") == ["[0.9,0.8]", "[0.95,0.85]"]
+    grid = parse_grid(["algorithm.mu=0.1,0.01", "lr=0.05,0.1,0.2"])
+    assert list(grid) == ["algorithm.mu", "lr"]
+    points = grid_points(grid)
+    assert len(points) == 6 and points[0] == {"algorithm.mu": "0.1", "lr": "0.05"}
+    assert points[1] == {"algorithm.mu": "0.1", "lr": "0.1"}  # last key varies fastest
+    for bad in (["lr"], ["lr="], ["=0.1"], ["lr=0.1,,0.2"], ["lr=0.1,0.1"]):
+        with pytest.raises(FedshiftError):
+            parse_grid(bad)
+    with pytest.raises(FedshiftError, match="twice"):
+        parse_grid(["lr=0.1", "lr=0.2"])
+
+
+def test_sweep_selects_by_validation_and_stores_every_run(tmp_path):
+    db = tmp_path / "r.db"
+    args = ["sweep", "--set", "scenario=digits-shortcut", "--set", "algorithm=fedavg"]
+    args += ["--grid", "lr=0.005,0.2", "--seeds", "0,1", "--rounds", "1"]
+    res = runner.invoke(app, [*args, "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    s = last_json(res.stdout)
+    assert s["grid"] == {"lr": ["0.005", "0.2"]} and s["seeds"] == [0, 1]
+    assert len(s["points"]) == 2 and len(s["run_ids"]) == 4
+    stored = {r["run_id"]: r for r in RunStore(db).runs()}
+    assert set(stored) == set(s["run_ids"])
+    for p in s["points"]:
+        runs = [stored[r] for r in p["run_ids"]]
+        assert sorted(r["seed"] for r in runs) == [0, 1]
+        assert {r["config"]["lr"] for r in runs} == {float(p["params"]["lr"])}
+        worst = [r["metrics"]["worst"] for r in runs]
+        assert p["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
+        assert p["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
+        assert 0.0 <= p["val"] <= 100.0
+    vals = [p["val"] for p in s["points"]]
+    assert s["selected"] == vals.index(max(vals))
+    chosen = s["points"][s["selected"]]
+    assert s["selected_params"] == chosen["params"] and s["metrics"] == chosen["metrics"]
+    assert s["val"] == max(vals)
+
+
+def test_sweep_rejects_bad_input_before_running(tmp_path):
+    db = tmp_path / "r.db"
+    base = ["sweep", "--set", "scenario=digits-shortcut", "--rounds", "1", "--db", str(db)]
+    for extra in (
+        ["--grid", "algorithm.nosuch=1,2"],
+        ["--grid", "scenario.clients=4,0"],
+        ["--grid", "seed=0,1"],
+        ["--seeds", "0,x"],
+        ["--grid", "lr"],
+    ):
+        res = runner.invoke(app, [*base, *extra])
+        assert res.exit_code == 2, (extra, res.output)
+        assert "Traceback" not in res.output
+    assert not db.exists() or not RunStore(db).runs()
