@@ -32,9 +32,7 @@ from fedshift.results.store import RunStore  # noqa: E402
 
 # the methods that exist now, and those added by name as soon as they are registered
 # (IFCA / CGPFL send per-client payloads; Ditto and SCAFFOLD keep per-client state)
-# (FedProx is left out: on scenarios with environment ids its proximal term reads the
-# engine's extras["env"] as a parameter and fails in-process too, on main as of this test)
-METHODS = ["fedavg", "local", "ftfa", "irm", "groupdro"]
+METHODS = ["fedavg", "fedprox", "local", "ftfa", "irm", "groupdro"]
 LATER = ["ditto", "scaffold", "ifca", "cgpfl"]
 ALL = METHODS + [m for m in LATER if m in ALGORITHMS.names()]
 
