@@ -131,6 +131,15 @@ def test_records_round_trip_exactly():
     assert json.loads(job["config"])["algorithm"] == "fedavg" and job["client"] == 1
 
 
+def test_flwr_errors_are_read_out_of_their_panel():
+    from fedshift.flower.run import _last_message
+
+    panel = ["Using SuperLink: x", "╭─ Error ──╮", "│ Connection to the SuperLink  │",
+             "│ is unavailable.  │", "╰──────────╯", ""]  # fmt: skip
+    assert _last_message(panel) == "Connection to the SuperLink is unavailable."
+    assert _last_message(["a", "boom", ""]) == "boom" and _last_message([]) == "no output"
+
+
 def test_cli_needs_one_engine():
     from typer.testing import CliRunner
 

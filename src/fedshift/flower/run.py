@@ -217,9 +217,24 @@ def deploy(
     if errors:
         raise FedshiftError(f"the Flower run failed: {errors[-1]}")
     if len(summaries) != len(configs):
-        last = next((t for t in reversed(tail) if t.strip()), "no output")
+        last = _last_message(tail)
         raise FedshiftError(
             f"the Flower run ended after {len(summaries)} of {len(configs)} runs"
             f" (flwr run exit code {rc}): {last}"
         )
     return summaries
+
+
+def _last_message(lines: list[str]) -> str:
+    """The last message of flwr's output, unboxed (its errors are drawn in a rich panel)."""
+    lines = [line.strip() for line in lines if line.strip()]
+    if not lines:
+        return "no output"
+    if not lines[-1].startswith("╰"):
+        return lines[-1]
+    body: list[str] = []
+    for line in reversed(lines[:-1]):
+        if line.startswith("╭"):
+            break
+        body.insert(0, line.strip("│").strip())
+    return " ".join(body)
