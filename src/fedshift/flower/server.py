@@ -140,11 +140,14 @@ class FlowerRunner(Runner):
 
     def exchange(self, messages: list[Message], kind: str, round_: int) -> dict[int, Message]:
         """Send, wait for every reply; client id → reply, or :class:`NodeFailure`."""
-        replies = self.grid.send_and_receive(messages, timeout=self.round_timeout)
+        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        # the grid sets each sent message's id; a reply names the message it answers (an
+        # error the SuperLink writes for a dead node comes from the SuperLink, not the node)
+        sent = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
         out: dict[int, Message] = {}
         problems = []
         for rep in replies:
-            node = rep.metadata.src_node_id
+            node = sent.get(rep.metadata.reply_to_message_id, rep.metadata.src_node_id)
             client = self.nodes.client_of(node)
             if rep.has_error():
                 problems.append(f"client {client} (SuperNode {node}) failed: {_reason(rep)}")
