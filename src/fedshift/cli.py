@@ -16,6 +16,7 @@ from rich.table import Table
 
 from .engine.runner import RunStopped
 from .errors import FedshiftError
+from .flower.cli import app as flower_app
 
 app = typer.Typer(
     add_completion=False,
@@ -24,6 +25,7 @@ app = typer.Typer(
     help="Federated learning under distribution shift: personalized, invariant and "
     "shortcut-removing methods on one batched-cohort engine.",
 )
+app.add_typer(flower_app, name="flower")  # fedshift flower run … (Flower imported when run)
 err = Console(stderr=True)
 out = Console()
 

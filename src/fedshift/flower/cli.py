@@ -1,0 +1,218 @@
+"""``fedshift flower …``: run fedshift configs on Flower. ``fedshift flower run`` takes the
+options of ``fedshift run`` (source, --set, --rounds, --seed, --seeds, --cohort-size, --db,
+--json, --device, --data-dir) and prints the same table and JSON summary; it adds the
+Flower engine (--simulation or --deployment) and its connection settings. Flower itself is
+imported only when a command runs, so ``fedshift`` works without the extra."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import FedshiftError
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Run fedshift algorithms on Flower (simulation engine or SuperLink/SuperNodes).",
+)
+
+
+def _cli():
+    from .. import cli  # the parent command's helpers (late: cli.py registers this group)
+
+    return cli
+
+
+@app.command("run")
+def run(
+    source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
+    ] = None,
+    rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
+    seed: Annotated[int | None, typer.Option(help="run seed")] = None,
+    seeds: Annotated[
+        str | None, typer.Option(help="several seeds, e.g. 0,1,2: one run each, mean ± std")
+    ] = None,
+    cohort_size: Annotated[
+        int | None, typer.Option(help="clients configured together per round (0 = all)")
+    ] = None,
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    simulation: Annotated[
+        bool, typer.Option("--simulation", help="Flower's simulation engine, in this process")
+    ] = False,
+    deployment: Annotated[
+        bool, typer.Option("--deployment", help="a running SuperLink with one SuperNode/client")
+    ] = False,
+    superlink: Annotated[
+        str | None, typer.Option(help="deployment: SuperLink connection in $FLWR_HOME/config.toml")
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option(help="deployment: SuperLink address HOST:PORT")
+    ] = None,
+    root_certificates: Annotated[
+        Path | None, typer.Option(help="deployment: CA certificate (PEM) of the SuperLink's TLS")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="deployment: no TLS (local tests only)")
+    ] = False,
+    actors: Annotated[
+        int, typer.Option(help="simulation: Ray workers running ClientApps (0 = CPU cores)")
+    ] = 0,
+    round_timeout: Annotated[
+        float, typer.Option(help="seconds to wait for every node's reply in a round")
+    ] = 600.0,
+) -> None:
+    """Run one experiment (or one per seed) on Flower and record it in the run store."""
+    cli = _cli()
+    try:
+        _run(
+            cli, source, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
+            simulation, deployment, superlink, address, root_certificates, insecure, actors,
+            round_timeout,
+        )  # fmt: skip
+    except FedshiftError as e:
+        cli.err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        cli.err.print("interrupted; the run store keeps the rounds finished so far")
+        raise typer.Exit(130) from None
+
+
+def _run(
+    cli, source, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
+    simulation, deployment, superlink, address, root_certificates, insecure, actors,
+    round_timeout,
+) -> None:  # fmt: skip
+    from ..api import seeds_summary
+    from ..config import parse_seeds, parse_set, resolve
+    from . import require_flower
+
+    if simulation == deployment:
+        raise FedshiftError("choose one Flower engine: --simulation or --deployment")
+    if simulation and (superlink or address or root_certificates or insecure):
+        raise FedshiftError(
+            "--superlink/--address/--root-certificates/--insecure need --deployment"
+        )
+    require_flower()
+    overrides = parse_set(set_ or [])
+    for key, value in (
+        ("rounds", rounds),
+        ("seed", seed),
+        ("cohort_size", cohort_size),
+        ("device", device),
+        ("data_dir", data_dir),
+    ):
+        if value is not None:
+            overrides[key] = value
+    seed_list = parse_seeds(seeds) if seeds is not None else [None]
+    configs = [
+        resolve(source, overrides if s is None else {**overrides, "seed": s}) for s in seed_list
+    ]
+    _validate(configs)
+    progress = _Progress(cli, configs, "Flower " + ("simulation" if simulation else "deployment"))
+    try:
+        if simulation:
+            from .run import simulate
+
+            outcomes = simulate(
+                configs, db=db, actors=actors, round_timeout=round_timeout, on_round=progress
+            )
+            summaries = [o.summary() for o in outcomes]
+        else:
+            from .run import deploy
+
+            summaries = deploy(
+                configs,
+                db=db,
+                superlink=superlink,
+                address=address,
+                root_certificates=root_certificates,
+                insecure=insecure,
+                round_timeout=round_timeout,
+                on_line=progress.line,
+            )
+    finally:
+        progress.stop()
+    if len(summaries) == 1:
+        summary = summaries[0]
+        title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
+        table = cli.summary_table(title, [(summary["algorithm"], summary["metrics"])])
+    else:
+        summary = seeds_summary([_Summarized(s) for s in summaries])
+        title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
+        table = cli.summary_table(
+            title, [(summary["algorithm"], summary["metrics"])], std=[summary["metrics_std"]]
+        )
+    (cli.err if json_ else cli.out).print(table)
+    cli.err.print(
+        f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
+        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {db}"
+    )
+    if summary.get("events"):
+        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
+        cli.err.print(f"client faults (excluded from aggregation or late): {kinds}")
+    if json_:
+        cli.print_json(summary)
+
+
+def _validate(configs) -> None:
+    """Algorithm and option errors before Flower starts (the nodes would hit them later)."""
+    from ..algorithms import ALGORITHMS
+    from ..options import build_options
+
+    for cfg in configs:
+        build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
+
+
+class _Summarized:
+    """A finished run's JSON summary in the shape ``seeds_summary`` reads."""
+
+    def __init__(self, summary: dict) -> None:
+        self._summary = summary
+
+    def summary(self) -> dict:
+        return self._summary
+
+
+class _Progress:
+    """One progress bar per run, fed by round records (simulation) or by the deployed
+    ServerApp's ``fedshift-round`` log lines (deployment)."""
+
+    def __init__(self, cli, configs, engine: str) -> None:
+        self.cli, self.configs, self.engine = cli, configs, engine
+        self.index = -1
+        self.bar = self.update = None
+
+    def __call__(self, index: int, rec) -> None:
+        if index != self.index:
+            self.stop()
+            cfg = self.configs[index]
+            label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed}, {self.engine})"
+            self.bar, self.update = self.cli.progress_bar(cfg.rounds, label)
+            self.index = index
+        self.update(rec)
+
+    def line(self, text: str) -> None:
+        from .apps import ROUND_PREFIX
+
+        if ROUND_PREFIX in text:
+            d = json.loads(text.split(ROUND_PREFIX, 1)[1])
+            metrics = {"average": d["acc"]} if d["acc"] is not None else None
+            self(d["index"], _Round(d["round"], d["loss"], metrics))
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+class _Round:
+    def __init__(self, round_: int, loss: float, metrics: dict | None) -> None:
+        self.round, self.loss, self.metrics = round_, loss, metrics
