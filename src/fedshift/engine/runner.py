@@ -109,6 +109,22 @@ class Runner:
             uploads.append(result.upload)
             weights.append(result.num_examples)
             losses.append(result.loss.detach().cpu())
+        return self.finish_round(r, ids, uploads, weights, losses, up, down, t0)
+
+    def finish_round(
+        self,
+        r: int,
+        ids: Tensor,
+        uploads: list[Tree],
+        weights: list[Tensor],
+        losses: list[Tensor],
+        up: int,
+        down: int,
+        t0: float,
+    ) -> RoundRecord:
+        """The server side of a round, once every sampled client's upload is in (stacked in
+        ``ids`` order): fault containment, late uploads, aggregation, the round's record.
+        Shared by the in-process runner and the Flower server."""
         upload = concat(uploads)
         w = torch.cat(weights).cpu().float()
         keep, events = self.contain_faults(r, ids, upload, w)

@@ -27,13 +27,11 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..algorithms.base import RoundInfo
 from ..api import RunOutcome, _recorder
 from ..config import RunConfig
-from ..engine.faults import finite
-from ..engine.runner import NonFiniteState, RoundRecord, Runner, plain
+from ..engine.runner import RoundRecord, Runner
 from ..engine.sampling import sample_clients
-from ..engine.tree import Tree, concat, nbytes
+from ..engine.tree import Tree, nbytes
 from ..errors import FedshiftError
 from ..eval.metrics import accuracy_percent, summarize
 from ..experiment import Experiment, build_experiment, environment_info
@@ -197,24 +195,7 @@ class FlowerRunner(Runner):
             for k, v in times.items():
                 v.append(float(metrics.get(k, 0.0)))
         # from here on exactly the in-process round (faults, late uploads, aggregation)
-        upload = concat(uploads)
-        w = torch.cat(weights).cpu().float()
-        keep, events = self.contain_faults(r, ids, upload, w)
-        ids_in, w_in, upload_in = self.deliver(r, ids, w, upload, keep)
-        rec_extras: dict = {}
-        if len(ids_in):
-            info = RoundInfo(ids_in, w_in, r)
-            self.server = self.alg.aggregate(self.server, upload_in, info)
-            rec_extras = plain(info.log)
-            if not finite(self.server):
-                raise NonFiniteState(r + 1)
-        elif len(ids):
-            events.append({"client": None, "event": "no-usable-upload"})
-        loss = torch.cat(losses)
-        ok = torch.isfinite(loss)
-        mean_loss = float((loss[ok] * w[ok]).sum() / w[ok].sum().clamp(min=1e-12))
-        rec = RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
-        rec.extras = {**rec_extras, **({"events": events} if events else {})}
+        rec = self.finish_round(r, ids, uploads, weights, losses, up, down, t0)
         # where the round's time went on the nodes (mean over the sampled clients)
         rec.extras["flower"] = {k[2:] + "_s": round(sum(v) / len(v), 4) for k, v in times.items()}
         return rec
