@@ -40,8 +40,9 @@ from .common.moreau import moreau_local_update
 
 
 @dataclass(frozen=True)
-class CGPFLHyper:
-    K: int = opt(4, "number of context models K (K = 1: pFedMe's objective)")
+class ContextHyper:
+    """Hyper-parameters CGPFL and CGPFL-Heur share (thesis §3.8.1 defaults)."""
+
     lambda_: float = opt(12.0, "regularisation weight λ pulling θ_i towards its context model")
     inner_steps: int = opt(5, "S: steps on θ_i per local iteration (same minibatch)")
     local_iterations: int = opt(10, "R: local iterations (ω̃ updates) per round")
@@ -49,12 +50,20 @@ class CGPFLHyper:
     personal_lr: float = opt(0.09, "η: lr of the S steps on θ_i (pFedMe's MNIST value)")
 
     def __post_init__(self) -> None:
-        require(self.K >= 1, f"algorithm.K must be >= 1, got {self.K}")
         require(self.lambda_ >= 0, f"algorithm.lambda_ must be >= 0, got {self.lambda_}")
         require(self.inner_steps >= 1, "algorithm.inner_steps must be >= 1")
         require(self.local_iterations >= 1, "algorithm.local_iterations must be >= 1")
         require(0 < self.alpha <= 1, f"algorithm.alpha must lie in (0, 1], got {self.alpha}")
         require(self.personal_lr > 0, "algorithm.personal_lr must be positive")
+
+
+@dataclass(frozen=True)
+class CGPFLHyper(ContextHyper):
+    K: int = opt(4, "number of context models K (K = 1: pFedMe's objective)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.K >= 1, f"algorithm.K must be >= 1, got {self.K}")
 
 
 @register_algorithm("cgpfl")

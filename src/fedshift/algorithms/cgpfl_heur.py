@@ -26,26 +26,17 @@ import numpy as np
 from ..engine.tree import Tree
 from ..options import opt, require
 from .base import RoundInfo, register_algorithm
-from .cgpfl import CGPFL
+from .cgpfl import CGPFL, ContextHyper
 from .common.clustering import kmeans
 
 
 @dataclass(frozen=True)
-class CGPFLHeurHyper:
+class CGPFLHeurHyper(ContextHyper):
     mu: float = opt(6.0, "weight μ of the (relative) k-means cost in e(K)")
-    lambda_: float = opt(12.0, "regularisation weight λ pulling θ_i towards its context model")
-    inner_steps: int = opt(5, "S: steps on θ_i per local iteration (same minibatch)")
-    local_iterations: int = opt(10, "R: local iterations (ω̃ updates) per round")
-    alpha: float = opt(1.0, "server step α of Ω ← Ω − α(Ω − Ω̃P)")
-    personal_lr: float = opt(0.09, "η: lr of the S steps on θ_i (pFedMe's MNIST value)")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.mu >= 0, f"algorithm.mu must be >= 0, got {self.mu}")
-        require(self.lambda_ >= 0, f"algorithm.lambda_ must be >= 0, got {self.lambda_}")
-        require(self.inner_steps >= 1, "algorithm.inner_steps must be >= 1")
-        require(self.local_iterations >= 1, "algorithm.local_iterations must be >= 1")
-        require(0 < self.alpha <= 1, f"algorithm.alpha must lie in (0, 1], got {self.alpha}")
-        require(self.personal_lr > 0, "algorithm.personal_lr must be positive")
 
 
 def bound_objective(d: int, m: float, costs: dict[int, float], mu: float) -> dict[int, float]:
