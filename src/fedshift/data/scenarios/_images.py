@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ...options import require
 from .. import partition as P
 from ..federated import Split
 from ..idx import load_idx_dataset
@@ -26,6 +27,19 @@ MNIST_LIKE = ("mnist", "fmnist")
 def env_name(p: float) -> str:
     """``"p=0.95"`` — the value as typed (no float noise like 0.30000000000000004)."""
     return f"p={round(float(p), 6)!r}"
+
+
+def require_probabilities(key: str, ps: list[float], note: str = "") -> None:
+    """Environment parameters ``scenario.<key>``: at least one, each in [0, 1], no two with
+    the same environment name."""
+    require(len(ps) >= 1, f"scenario.{key} must list at least one probability")
+    require(
+        all(0.0 <= p <= 1.0 for p in ps), f"scenario.{key}={ps} must hold probabilities in [0, 1]"
+    )
+    require(
+        len({env_name(p) for p in ps}) == len(ps),
+        f"scenario.{key}={ps} must not repeat a value{note}",
+    )
 
 
 def angle_name(angle: float) -> str:

@@ -47,6 +47,7 @@ from ._images import (
     env_name,
     from_lists,
     load_grey,
+    require_probabilities,
     subdivide,
     to_unit,
     two_channel,
@@ -93,16 +94,7 @@ class ColouredOptions:
             f"scenario.participation={self.participation} must lie in [0, 1] (0 = auto)",
         )
         for key in ("p_train", "p_test"):
-            ps = getattr(self, key)
-            require(len(ps) >= 1, f"scenario.{key} must list at least one probability")
-            require(
-                all(0.0 <= p <= 1.0 for p in ps),
-                f"scenario.{key}={ps} must hold probabilities in [0, 1]",
-            )
-            require(
-                len({env_name(p) for p in ps}) == len(ps),
-                f"scenario.{key}={ps} must not repeat a value",
-            )
+            require_probabilities(key, getattr(self, key))
         require(0.0 <= self.p_val <= 1.0, f"scenario.p_val={self.p_val} must lie in [0, 1]")
         require(
             0.0 <= self.val_fraction < 1.0,

@@ -23,6 +23,7 @@ from .. import partition as P
 from ..digits import load_digits
 from ..federated import FederatedData, Split
 from ..registry import register_scenario
+from ._images import env_name, require_probabilities
 
 NUM_CLASSES = 10
 BORDER = 2
@@ -44,11 +45,6 @@ COLOURS = torch.tensor(
 )
 
 
-def env_name(p: float) -> str:
-    """``"p=0.95"`` — the value as typed (no float noise like 0.30000000000000004)."""
-    return f"p={round(float(p), 6)!r}"
-
-
 @dataclass
 class DigitsShortcutOptions:
     clients: int = opt(8, "number of clients (the digits are dealt evenly)")
@@ -67,16 +63,7 @@ class DigitsShortcutOptions:
     def __post_init__(self) -> None:
         require(self.clients >= 1, f"scenario.clients={self.clients} must be at least 1")
         for key in ("p_train", "p_test"):
-            ps = getattr(self, key)
-            require(len(ps) >= 1, f"scenario.{key} must list at least one probability")
-            require(
-                all(0.0 <= p <= 1.0 for p in ps),
-                f"scenario.{key}={ps} must hold probabilities in [0, 1]",
-            )
-            require(
-                len({env_name(p) for p in ps}) == len(ps),
-                f"scenario.{key}={ps} must not repeat a value",
-            )
+            require_probabilities(key, getattr(self, key))
         require(0.0 <= self.p_val <= 1.0, f"scenario.p_val={self.p_val} must lie in [0, 1]")
         require(
             0.0 < self.test_fraction

@@ -33,6 +33,7 @@ from ._images import (
     env_name,
     from_lists,
     load_grey,
+    require_probabilities,
     rotate,
     to_unit,
     two_channel,
@@ -69,15 +70,7 @@ class RotatedColouredOptions:
             f"({n}, the length of p_train)",
         )
         for key in ("p_train", "p_test"):
-            ps = getattr(self, key)
-            require(
-                len(ps) >= 1 and all(0.0 <= p <= 1.0 for p in ps),
-                f"scenario.{key}={ps} must hold probabilities in [0, 1]",
-            )
-            require(
-                len({env_name(p) for p in ps}) == len(ps),
-                f"scenario.{key}={ps} must not repeat a value (one environment per client)",
-            )
+            require_probabilities(key, getattr(self, key), " (one environment per client)")
         require(0.0 <= self.p_val <= 1.0, f"scenario.p_val={self.p_val} must lie in [0, 1]")
         require(
             1 <= self.train_per_client and n * self.train_per_client <= TRAIN_POOL,

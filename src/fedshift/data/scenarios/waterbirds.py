@@ -41,7 +41,7 @@ from .. import partition as P
 from ..federated import FederatedData, Split
 from ..imagefolder import load_waterbirds_images, waterbirds_metadata
 from ..registry import register_scenario
-from .digits_shortcut import env_name
+from ._images import env_name
 
 PERINVFL_RANGES = ((0, 1715), (1716, 2908), (2909, 3844), (3845, 5993))
 PERINVFL_TOTAL = 5994
