@@ -25,7 +25,12 @@ every environment: Φ(√(‖μ_cg‖²/σ_cg² + ‖μ_cu‖²/σ_cu²)). :func
 per client (``info["oracle_accuracy"]`` holds the client mean, in %, for reports to draw as
 a dashed line); :func:`empirical_oracle` applies that classifier to the stored data.
 The thesis's 97.5 % is the value of its own random draw of the means: under the stated
-priors the client-averaged oracle varies with the seed (see docs/scenarios.md).
+priors the client-averaged oracle depends on the draw (seeds 0–199: mean 90.7 %, 5th–95th
+percentile 84–97.6 %). We therefore treat W, μ_cg and μ_cu as the *dataset* — one fixed
+draw, ``means_seed`` (default 21: the first draw whose oracle is within 0.3 points of
+97.5 %, namely 97.49 %) — while the run seed draws the environment means μ_s, the samples
+and the client–environment assignment. ``means_seed = -1`` draws everything from the run
+seed instead (see docs/scenarios.md).
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ from .. import partition as P
 from ..federated import FederatedData, Split
 from ..registry import register_scenario
 from ._images import balanced_assignment
+
+# The first seed whose client-averaged oracle (100 clients, the thesis's priors) lies within
+# 0.3 points of the thesis's 97.5 %: 97.49 %, every client between 95.6 and 99.9 %.
+THESIS_MEANS_SEED = 21
 
 
 @dataclass
@@ -61,6 +70,11 @@ class SCMOptions:
     sigma_cg: float = opt(2.0, "noise std of Z_C^g")
     sigma_cu: float = opt(2.0, "noise std of Z_C^u")
     sigma_s: float = opt(1.0, "noise std of Z_S")
+    means_seed: int = opt(
+        THESIS_MEANS_SEED,
+        "seed of the dataset's fixed draw of W, μ_cg and μ_cu (default: the draw whose oracle "
+        "is the thesis's ≈97.5 %); -1 = draw them from the run seed",
+    )
 
     def __post_init__(self) -> None:
         for key in ("clients", "train_envs", "test_envs", "samples_per_env"):
@@ -86,6 +100,10 @@ class SCMOptions:
         for key in ("sigma_cg", "sigma_cu", "sigma_s"):
             require(getattr(self, key) > 0, f"scenario.{key} must be positive")
         require(0.0 < self.participation <= 1.0, "scenario.participation must lie in (0, 1]")
+        require(
+            self.means_seed >= -1,
+            f"scenario.means_seed={self.means_seed} must be a seed >= 0, or -1 for the run seed",
+        )
 
     @property
     def dim(self) -> int:
@@ -147,7 +165,7 @@ def build_scm(o: SCMOptions, seed: int, data_dir: Path | None) -> FederatedData:
     def rng(purpose: str, *extra: int) -> np.random.Generator:
         return P.make_rng(seed, f"scm/{purpose}", *extra)
 
-    g = rng("parameters")
+    g = P.make_rng(seed if o.means_seed < 0 else o.means_seed, "scm/parameters")
     w = g.normal(0.0, 1.0 / math.sqrt(o.dim), (o.dim, o.dim))
     mu_cg = g.normal(0.0, math.sqrt(o.mu_var), o.dim_cg)
     mu_cu = g.normal(0.0, math.sqrt(o.mu_var), (o.clients, o.dim_cu))
