@@ -26,6 +26,8 @@ app = typer.Typer(
     "shortcut-removing methods on one batched-cohort engine.",
 )
 app.add_typer(flower_app, name="flower")  # fedshift flower run … (Flower imported when run)
+data_app = typer.Typer(no_args_is_help=True, help="Prepare dataset folders from raw files.")
+app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 err = Console(stderr=True)
 out = Console()
 
@@ -518,6 +520,28 @@ def reproduce(
     err.print(f"report written to {result['report']}")
     if json_:
         print_json(result)
+
+
+@data_app.command("build-waterbirds")
+@user_errors
+def build_waterbirds(
+    cub: Annotated[
+        Path, typer.Option(help="CUB_200_2011/ (or its parent); segmentations/ inside or beside")
+    ],
+    places: Annotated[
+        Path, typer.Option(help="Places365 folder with data_large/<letter>/<category>/")
+    ],
+    out_dir: Annotated[Path, typer.Option("--out", help="where the WaterBirds folder goes")],
+    seed: Annotated[int, typer.Option(help="seed of the split, place and background draws")] = 0,
+) -> None:
+    """Composite CUB-200-2011 birds onto Places365 backgrounds into the released WaterBirds
+    layout (waterbird_complete95_forest2water2/, Sagawa et al. 2020)."""
+    from .data.waterbirds_build import build_waterbirds_folder, stderr_progress
+
+    folder = build_waterbirds_folder(
+        cub, places, out_dir, seed=seed, progress=stderr_progress("WaterBirds")
+    )
+    err.print(f"WaterBirds written to {folder}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Image-folder datasets to tensors: PACS and VLCS (``<domain>/<class>/<image>``) and the
-released WaterBirds folder (``waterbird_complete95_forest2water2/`` with ``metadata.csv``).
+released WaterBirds folder (``waterbird_complete95_forest2water2/`` with ``metadata.csv``),
+built once from raw CUB-200-2011 + Places365 images when only those are there.
 
 Images are decoded with Pillow (a dependency of matplotlib), converted to RGB and resized
 to ``size × size`` (bilinear), giving uint8 ``[n, 3, size, size]``; files are read in sorted
@@ -17,6 +18,7 @@ the files.
 from __future__ import annotations
 
 import csv
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -178,18 +180,59 @@ class WaterbirdsMeta:
     split: np.ndarray  # 0 train, 1 val, 2 test (the release's own split)
 
 
+def _build_waterbirds_from_raw(root: Path, target: Path) -> Path | None:
+    """Build the WaterBirds folder once from ``<root>/waterbirds/CUB_200_2011`` (with
+    ``segmentations/`` inside or beside it) and ``<root>/waterbirds/places365`` or
+    ``<root>/places365``; None when there is no raw CUB folder."""
+    cub = root / "waterbirds" / "CUB_200_2011"
+    if not cub.is_dir():
+        return None
+    from .waterbirds_build import build_waterbirds_folder, stderr_progress
+
+    candidates = [root / "waterbirds" / "places365", root / "places365"]
+    places = next((c for c in candidates if c.is_dir()), None)
+    if places is None:
+        raise FedshiftError(
+            f"CUB-200-2011 is in {cub} but no Places365 folder was found at {candidates[0]} "
+            f"or {candidates[1]}; put Places365's data_large/<letter>/<category>/ images "
+            "(b/bamboo_forest, f/forest/broadleaf, o/ocean, l/lake/natural) in one of them to "
+            "build WaterBirds"
+        )
+    print(
+        f"building WaterBirds from {cub} and {places} into {target} (once)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        return build_waterbirds_folder(
+            cub, places, root / "waterbirds", progress=stderr_progress("WaterBirds")
+        )
+    except FedshiftError:
+        if (target / "metadata.csv").is_file():  # built meanwhile by another process
+            return target
+        raise
+
+
 def waterbirds_metadata(data_dir=None) -> WaterbirdsMeta:
     """Read ``<root>/waterbirds/waterbird_complete95_forest2water2/metadata.csv`` (or the
-    folder directly under the root) and check its columns."""
+    folder directly under the root) and check its columns. Without it, but with raw
+    CUB-200-2011 and Places365 images under the root, the folder is built from them once
+    (:mod:`fedshift.data.waterbirds_build`)."""
     root = data_root(data_dir)
     candidates = [root / "waterbirds" / WATERBIRDS_FOLDER, root / WATERBIRDS_FOLDER]
     folder = next((c for c in candidates if (c / "metadata.csv").is_file()), None)
     if folder is None:
+        folder = _build_waterbirds_from_raw(root, candidates[0])
+    if folder is None:
         raise FedshiftError(
-            f"WaterBirds metadata.csv not found in {candidates[0]}; unpack the released "
+            f"WaterBirds metadata.csv not found in {candidates[0]}; either unpack the released "
             f"{WATERBIRDS_FOLDER}.tar.gz (Sagawa et al., 2020) into {root / 'waterbirds'} so "
             f"that {WATERBIRDS_FOLDER}/metadata.csv and its <species>/<image>.jpg folders are "
-            f"there, or point the data root elsewhere ({ENV_VAR} or --data-dir)"
+            f"there, or put raw CUB-200-2011 (CUB_200_2011/ with segmentations/ inside or "
+            f"beside it) into {root / 'waterbirds'} and Places365 (places365/data_large/"
+            f"<letter>/<category>/) into {root / 'waterbirds'} or {root} to have it built "
+            f"from them (fedshift data build-waterbirds), or point the data root elsewhere "
+            f"({ENV_VAR} or --data-dir)"
         )
     need = ("img_filename", "y", "split", "place")
     with open(folder / "metadata.csv", newline="") as f:

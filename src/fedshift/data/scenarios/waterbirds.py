@@ -1,7 +1,9 @@
 """``waterbirds``: birds on land / water backgrounds (Sagawa et al. 2020), the background
 a shortcut for the landbird / waterbird label (thesis §4.5.2; PerInvFL §5.1, Table 6).
 
-Built from the released ``waterbird_complete95_forest2water2`` folder. Its images are
+Built from the released ``waterbird_complete95_forest2water2`` folder, or from raw
+CUB-200-2011 + Places365 images, which :mod:`fedshift.data.waterbirds_build` first turns into
+a folder of the same layout (Sagawa et al.'s procedure). Its images are
 composites with a fixed background, so an environment with parameter p is made by
 **choosing** images: for each label, a fraction p of the environment's images have the
 "agreeing" background (water for waterbirds, land for landbirds) and 1 − p the other one.
