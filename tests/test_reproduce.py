@@ -189,13 +189,21 @@ def test_cli_reproduce_quick_json(tmp_path):
             str(tmp_path / "c.db"),
             "--out",
             str(tmp_path / "cli"),
+            "--set",
+            "batch_size=7",
         ],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["table"] == "tiny" and len(summary["methods"]) == 2
     assert all(len(m["run_ids"]) == 1 for m in summary["methods"])  # --quick: one seed
-    assert (tmp_path / "cli" / "report.md").is_file()
+    store = RunStore(tmp_path / "c.db")
+    for m in summary["methods"]:  # --set reaches every method's run
+        assert store.run(m["run_ids"][0])["config"]["batch_size"] == 7
+    report = (tmp_path / "cli" / "report.md").read_text()
+    assert "`batch_size = 7`" in report
+    wrong = CliRunner().invoke(app, ["reproduce", str(tiny), "--quick", "--set", "bach_size=7"])
+    assert wrong.exit_code == 2 and "bach_size" in wrong.output
     bad = CliRunner().invoke(app, ["reproduce", "no-such-table"])
     assert bad.exit_code == 2 and "unknown table" in bad.output
 

@@ -471,6 +471,10 @@ def reproduce(
     quick: Annotated[
         bool, typer.Option(help="smoke-sized run: the table's [quick] settings")
     ] = False,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="override a config key of every method: key=value"),
+    ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
@@ -482,9 +486,11 @@ def reproduce(
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
+    from .config import parse_set
     from .reproduce import reproduce as reproduce_table
 
-    extra = {k: v for k, v in (("device", device), ("data_dir", data_dir)) if v is not None}
+    extra = parse_set(set_ or [])
+    extra.update({k: v for k, v in (("device", device), ("data_dir", data_dir)) if v is not None})
 
     def progress(total, label):
         bar, on_round = progress_bar(total, label)

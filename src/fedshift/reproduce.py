@@ -410,6 +410,9 @@ def write_reproduction_report(
         "Accuracies in %; ours are mean ± std over seeds; every method ran on the same "
         "partitions for a given seed.",
     ]
+    if settings.get("overrides"):
+        changed = ", ".join(f"`{k} = {v}`" for k, v in settings["overrides"].items())
+        parts.append(f"Settings changed from the table's (`--set`): {changed}.")
     if table.notes:
         parts.append(f"Notes: {table.notes}")
     parts.append(_md_table(head, rows))
@@ -559,6 +562,7 @@ def reproduce(
         "scenario_options": first.scenario_options,
         "rounds": rounds if rounds is not None else first.rounds,
         "quick": quick,
+        "overrides": {k: v for k, v in (extra or {}).items() if k not in ("device", "data_dir")},
     }
     out = Path(out_dir) if out_dir is not None else Path("reproduce") / table.id
     report = write_reproduction_report(table, results, skipped, comparison, out, db, settings)
