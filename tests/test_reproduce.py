@@ -204,6 +204,23 @@ def test_cli_reproduce_quick_json(tmp_path):
     assert "`batch_size = 7`" in report
     wrong = CliRunner().invoke(app, ["reproduce", str(tiny), "--quick", "--set", "bach_size=7"])
     assert wrong.exit_code == 2 and "bach_size" in wrong.output
+
+
+def test_reproduce_methods_runs_the_chosen_subset(tmp_path):
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(TINY)
+    out = reproduce(
+        str(tiny),
+        quick=True,
+        db=tmp_path / "m.db",
+        out_dir=tmp_path / "m",
+        methods=["fedprox", "FTFA"],
+    )
+    assert [m["name"] for m in out["methods"]] == ["FedProx", "FTFA"]  # the table's order
+    report = (tmp_path / "m" / "report.md").read_text()
+    assert "not run" in report and "FedAvg, Local" in report
+    with pytest.raises(FedshiftError, match="no method 'fedsgd'.*FedAvg"):
+        reproduce(str(tiny), quick=True, db=tmp_path / "m.db", methods=["fedsgd"])
     bad = CliRunner().invoke(app, ["reproduce", "no-such-table"])
     assert bad.exit_code == 2 and "unknown table" in bad.output
 

@@ -475,6 +475,10 @@ def reproduce(
         list[str] | None,
         typer.Option("--set", "-s", help="override a config key of every method: key=value"),
     ] = None,
+    methods: Annotated[
+        str | None,
+        typer.Option(help="run only these methods: names or algorithms, comma-separated"),
+    ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
@@ -506,6 +510,7 @@ def reproduce(
         skip_missing=skip_missing,
         extra=extra,
         progress=progress,
+        methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
     )
     metrics = list(result["comparison"])
     rows = Table(title=f"{result['table']}: published / ours (accuracy %)")

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,22 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
 
 
 # ---------------------------------------------------------------- running
+
+
+def select_methods(table: Table, names: list[str] | None) -> Table:
+    """The table restricted to the methods named (by method name or algorithm name), in the
+    table's order; one clear sentence for a name the table does not have."""
+    if not names:
+        return table
+    known = {m.name for m in table.methods} | {m.algorithm for m in table.methods}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        listed = ", ".join(f"{m.name!r} ({m.algorithm})" for m in table.methods)
+        raise FedshiftError(
+            f"table {table.id} has no method {unknown[0]!r}; its methods are: {listed}"
+        )
+    chosen = [m for m in table.methods if m.name in names or m.algorithm in names]
+    return replace(table, methods=chosen)
 
 
 def missing_algorithms(table: Table) -> list[str]:
@@ -413,6 +429,12 @@ def write_reproduction_report(
     if settings.get("overrides"):
         changed = ", ".join(f"`{k} = {v}`" for k, v in settings["overrides"].items())
         parts.append(f"Settings changed from the table's (`--set`): {changed}.")
+    if settings.get("not_run"):
+        parts.append(
+            "Methods of the table not run (`--methods` chose the others): "
+            + ", ".join(settings["not_run"])
+            + "."
+        )
     if table.notes:
         parts.append(f"Notes: {table.notes}")
     parts.append(_md_table(head, rows))
@@ -540,9 +562,12 @@ def reproduce(
     skip_missing: bool = False,
     extra: dict[str, Any] | None = None,
     progress=None,
+    methods: list[str] | None = None,
 ) -> dict:
-    """Run a table and write its report; returns the :func:`summary` dict."""
-    table = load_table(source)
+    """Run a table (or the ``methods`` of it named) and write its report; returns the
+    :func:`summary` dict."""
+    full = load_table(source)
+    table = select_methods(full, methods)
     results, skipped = run_table(
         table,
         seeds=seeds,
@@ -563,6 +588,7 @@ def reproduce(
         "rounds": rounds if rounds is not None else first.rounds,
         "quick": quick,
         "overrides": {k: v for k, v in (extra or {}).items() if k not in ("device", "data_dir")},
+        "not_run": [m.name for m in full.methods if m not in table.methods],
     }
     out = Path(out_dir) if out_dir is not None else Path("reproduce") / table.id
     report = write_reproduction_report(table, results, skipped, comparison, out, db, settings)
