@@ -219,6 +219,20 @@ def test_reproduce_methods_runs_the_chosen_subset(tmp_path):
     assert [m["name"] for m in out["methods"]] == ["FedProx", "FTFA"]  # the table's order
     report = (tmp_path / "m" / "report.md").read_text()
     assert "not run" in report and "FedAvg, Local" in report
+    # an algorithm option reaches only the methods whose algorithm has it
+    mixed = reproduce(
+        str(tiny),
+        quick=True,
+        db=tmp_path / "m.db",
+        out_dir=tmp_path / "m2",
+        methods=["fedavg", "fedprox"],
+        extra={"algorithm.mu": "0.5"},
+    )
+    store = RunStore(tmp_path / "m.db")
+    configs = [store.run(m["run_ids"][0])["config"] for m in mixed["methods"]]
+    assert "algorithm.mu" not in configs[0] and float(configs[1]["algorithm.mu"]) == 0.5
+    with pytest.raises(FedshiftError, match="no method of table .* 'nu'"):
+        reproduce(str(tiny), quick=True, db=tmp_path / "m.db", extra={"algorithm.nu": "1"})
     with pytest.raises(FedshiftError, match="no method 'fedsgd'.*FedAvg"):
         reproduce(str(tiny), quick=True, db=tmp_path / "m.db", methods=["fedsgd"])
     bad = CliRunner().invoke(app, ["reproduce", "no-such-table"])

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -185,6 +185,14 @@ def select_methods(table: Table, names: list[str] | None) -> Table:
     return replace(table, methods=chosen)
 
 
+def algorithm_option_names(algorithm: str) -> set[str]:
+    from .algorithms import ALGORITHMS
+
+    if algorithm not in ALGORITHMS:
+        return set()
+    return {f.name for f in fields(ALGORITHMS.get(algorithm).Hyper)}
+
+
 def missing_algorithms(table: Table) -> list[str]:
     from .algorithms import ALGORITHMS
 
@@ -201,7 +209,16 @@ def method_config(table: Table, method: Method, overrides: dict[str, Any]) -> Ru
     apply(cfg, {"algorithm": method.algorithm})
     apply(cfg, {f"algorithm.{k}": v for k, v in method.options.items()})
     apply(cfg, dict(method.settings))
-    apply(cfg, dict(overrides))
+    # an override of an algorithm option reaches the methods whose algorithm has it
+    own = algorithm_option_names(method.algorithm)
+    apply(
+        cfg,
+        {
+            k: v
+            for k, v in overrides.items()
+            if not k.startswith("algorithm.") or k.removeprefix("algorithm.") in own
+        },
+    )
     cfg.validate()
     # check the algorithm's options now, before anything runs
     build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
@@ -275,6 +292,15 @@ def run_table(
     sweep = table.sweep_values if table.sweep_key else [None]
     for m in methods:  # validate every method's config before anything runs
         method_config(table, m, overrides)
+    for key in overrides:
+        name = key.removeprefix("algorithm.")
+        if key.startswith("algorithm.") and not any(
+            name in algorithm_option_names(m.algorithm) for m in methods
+        ):
+            raise FedshiftError(
+                f"--set {key}: no method of table {table.id} has the algorithm option "
+                f"{name!r} (an algorithm option reaches only the methods whose algorithm has it)"
+            )
 
     data_cache: dict[tuple, Any] = {}
 
