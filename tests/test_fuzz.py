@@ -227,3 +227,9 @@ def test_the_fuzzer_reaches_both_outcomes(tmp_path, no_training):
         resolve(None, {"seed": "x"})
     with pytest.raises(FedshiftError, match="does not exist"):
         load_source(str(tmp_path / "missing.toml"))
+    with pytest.raises(FedshiftError, match="is a directory"):
+        load_source(str(tmp_path))
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00rounds")
+    with pytest.raises(FedshiftError, match="cannot be read"):
+        load_source(str(binary))

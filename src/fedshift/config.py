@@ -166,7 +166,12 @@ def load_source(source: str) -> dict[str, Any]:
     if path.suffix == ".toml" or path.exists():
         if not path.exists():
             raise FedshiftError(f"config file {source!r} does not exist")
-        text = path.read_text()
+        if not path.is_file():
+            raise FedshiftError(f"{source!r} is a directory; give a TOML file or a preset name")
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise FedshiftError(f"config file {source!r} cannot be read: {e}") from None
     elif source in preset_names():
         text = preset_text(source)
     else:
