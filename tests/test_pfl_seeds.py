@@ -275,3 +275,34 @@ def test_batchnorm_models_run(algorithm):
         algorithm_options={"stat_batch": 8} if algorithm == "ucfl" else {},
     )
     assert out.metrics["average"] is not None
+
+
+def test_fedipg_contribution_by_hand():
+    """Eq. (12) with ĝ_{-i}: four clients, three pull one way and one the other (η = 1,
+    one step each, so g_i = w^t − w_i)."""
+    from types import SimpleNamespace
+
+    from fedshift.algorithms.fedipg import FedIPG
+
+    g = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [-1.0, 0.0]])
+    server = {"p/w": torch.zeros(2)}
+    models = {"p/w": -g}
+    ones = torch.ones(4)
+
+    def contributions(smoothness, weights):
+        fake = SimpleNamespace(
+            ctx=SimpleNamespace(sgd=SimpleNamespace(lr=1.0)),
+            hp=SimpleNamespace(smoothness=smoothness),
+        )
+        return FedIPG.contributions(fake, server, models, ones, weights, ones)
+
+    # L = 0: C_0 = p⟨ĝ_{-0}, g_0⟩/‖ĝ_{-0}‖² = ¼·⅓/(1/9) = 0.75; C_3 = ¼·(−1)/1 = −0.25
+    c = contributions(0.0, ones)
+    torch.testing.assert_close(c, torch.tensor([0.75, 0.75, 0.75, -0.25]))
+    # L = 1 adds −(L/2)η p²‖g_i‖² = −1/32 to the numerator
+    c = contributions(1.0, ones)
+    torch.testing.assert_close(c, torch.tensor([0.46875, 0.46875, 0.46875, -0.28125]))
+    # client 3 exited (weight 0): the others are judged against the two remaining
+    # regular clients, client 3 against all three
+    c = contributions(0.0, torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    torch.testing.assert_close(c, torch.tensor([0.25, 0.25, 0.25, -0.25]))

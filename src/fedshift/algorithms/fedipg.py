@@ -7,12 +7,18 @@ the in-distribution set I_ID only; exited (aberrant / resource-poor) clients do 
 and just use the final model (line 20). λ = 0 is FedAvg.
 
 Contribution (eq. 12), logged per participant and round as ``contribution``:
-C_i^t = η·(p_i⟨ĝ, g_i⟩ − (L/2)·η·p_i²‖g_i‖²) / ‖ĝ‖², with g_i = (w^t − w_i)/(η·s_i) the client's
-per-step pseudo-gradient (s_i its local steps, uploaded as one number), p_i = n_i/Σ n over
-the round's uploads, ĝ = Σ_{I_ID} n_i g_i / Σ_{I_ID} n_i (the estimate of ∇R(w^t)),
-L = ``smoothness``. Choices: eq. (12) uses raw n_i and no η on the L-term; normalised
-weights and the L-smooth descent bound keep C_i scale-free. A stale upload (engine
-fault injection) is measured against the current w^t.
+C_i^t = η·(p_i⟨ĝ_{−i}, g_i⟩ − (L/2)·η·p_i²‖g_i‖²) / ‖ĝ_{−i}‖², with g_i = (w^t − w_i)/(η·s_i)
+the client's per-step pseudo-gradient (s_i its local steps, uploaded as one number),
+p_i = n_i/Σ n over the round's uploads, L = ``smoothness``, and
+ĝ_{−i} = Σ n_j g_j / Σ n_j over the in-distribution clients j ≠ i (the estimate of ∇R(w^t)).
+Choices: eq. (12) uses raw n_i and no η on the L-term; normalised weights and the L-smooth
+descent bound keep C_i scale-free. ∇R(w^t) is the gradient of the in-distribution
+objective, which the server can only estimate from the uploads; client i is left out of
+the estimate it is judged against, since otherwise an aberrant client's own update pulls
+ĝ towards itself and keeps its contribution positive (measured: a 180°-rotated client
+among five regular ones had the largest C in 26 of 30 rounds with the self-inclusive ĝ;
+see docs/methods/personalization.md). A stale upload (engine fault injection) is
+measured against the current w^t.
 
 Exit strategy: ``exit_clients`` lists clients that never aggregate (the paper's experiments
 exclude the known aberrant client); ``exit_rule = "contribution"`` also exits a client after
@@ -107,10 +113,22 @@ class FedIPG(FedAvg):
         g = torch.cat(
             [((w_t[k].double() - up[k].double()).reshape(len(steps), -1)) for k in w_t], 1
         ) / scale[:, None].to(up[next(iter(up))].device)
-        q = (weights / weights.sum().clamp(min=1e-12)).double().to(g.device)
-        g_hat = (q[:, None] * g).sum(0)  # ∇R(w^t) of the I_ID objective
+        w = weights.double().to(g.device)
+        total = (w[:, None] * g).sum(0)
+        others = w.sum() - w  # weight of the I_ID clients other than i
+        if w.sum() <= 0:  # everyone exited: judge against all uploads
+            w, total = torch.ones_like(w), g.sum(0)
+            others = w.sum() - w
+        alone = others <= 1e-12  # the only I_ID client: no "others" to judge against
+        gi_total = g @ total
+        gi_sq = (g**2).sum(1)
+        # ĝ_{-i} = (total − w_i g_i)/(W − w_i): the I_ID objective without client i
+        denom = torch.where(alone, w.sum(), others)
+        own = torch.where(alone, torch.zeros_like(w), w)
+        dot = (gi_total - own * gi_sq) / denom
+        norm = ((total**2).sum() - 2 * own * gi_total + own**2 * gi_sq) / denom**2
+        norm = norm.clamp(min=1e-30)
         p = (sizes / sizes.sum().clamp(min=1e-12)).double().to(g.device)
-        norm = (g_hat**2).sum().clamp(min=1e-30)
-        first = p * (g @ g_hat)
-        second = 0.5 * self.hp.smoothness * lr * p**2 * (g**2).sum(1)
+        first = p * dot
+        second = 0.5 * self.hp.smoothness * lr * p**2 * gi_sq
         return (lr * (first - second) / norm).float().cpu()
