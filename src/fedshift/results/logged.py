@@ -4,6 +4,7 @@ and client faults. Each returns ``None`` when no run of the report logged that f
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import matplotlib
@@ -73,19 +74,36 @@ def plot_silhouette(runs: list[dict], path: Path) -> Path | None:
 
 
 def plot_contributions(runs: list[dict], path: Path) -> Path | None:
-    """FedIPG's per-client contribution C_i^t against rounds (first run that logged it)."""
+    """FedIPG's per-client contribution C_i^t against rounds (first run that logged it), on
+    a symmetric-log axis (one late outlier must not flatten the rest), with a cross where a
+    client exits aggregation."""
     for run in runs:
         per_client: dict[int, list[tuple[int, float]]] = {}
+        exit_round: dict[int, int] = {}
         for r in run["round_metrics"]:
             e = r.get("extras") or {}
             if "contribution" in e and "clients" in e:
                 for c, v in zip(e["clients"], e["contribution"], strict=True):
                     per_client.setdefault(c, []).append((r["round"], v))
+            for c in e.get("exited", []):
+                exit_round.setdefault(c, r["round"])
         if per_client:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             for c, pts in sorted(per_client.items()):
-                ax.plot(*zip(*pts, strict=True), lw=1, label=f"client {c}")
-            ax.set(xlabel="round", ylabel="contribution C_i^t", title=_label(run))
+                (line,) = ax.plot(*zip(*pts, strict=True), lw=1, label=f"client {c}")
+                at = dict(pts).get(exit_round.get(c))
+                if at is not None:
+                    ax.plot([exit_round[c]], [at], "x", ms=9, mew=2, color=line.get_color())
+            values = sorted(abs(v) for pts in per_client.values() for _, v in pts if v)
+            if values:  # linear within the typical magnitude, logarithmic beyond it
+                thresh = values[len(values) // 2]
+                ax.set_yscale("symlog", linthresh=thresh, linscale=2)
+                top = math.ceil(math.log10(values[-1]))
+                decades = [10.0**k for k in range(math.ceil(math.log10(thresh)), top + 1)]
+                ax.set_yticks(sorted([0.0] + decades + [-d for d in decades]))
+            ax.axhline(0, color="black", lw=0.6)
+            title = _label(run) + ("  (x: exits aggregation)" if exit_round else "")
+            ax.set(xlabel="round", ylabel="contribution C_i^t (symlog)", title=title)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
             if len(per_client) <= 12:
