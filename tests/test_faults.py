@@ -63,6 +63,14 @@ def test_a_client_whose_training_turns_nan_is_excluded_and_recorded(aggregated_i
     assert all(v == v for v in out.metrics["per_env"].values())  # no NaN metrics
 
 
+def test_a_round_where_every_client_diverged_logs_nan_not_zero():
+    data = toy_data()
+    data.train.x[:] = float("inf")  # every client's training produces NaN
+    out = run(data=data)
+    assert all(rec.loss != rec.loss for rec in out.result.rounds)  # NaN: nothing fitted
+    assert {e for _, _, e in events(out)} == {"nonfinite", "no-usable-upload"}
+
+
 def test_corrupted_upload_is_excluded_like_a_lost_one():
     corrupted = run({"clients": [2], "corrupt": 1.0})
     dropped = run({"clients": [2], "drop": 1.0})

@@ -27,6 +27,7 @@ from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
 from .common.losses import cross_entropy
+from .common.proximal import report_as
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ class Scaffold(GlobalModelAlgorithm):
 
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
-        return risk + linear_correction(params, extras)  # Algorithm 1, line 10
+        # Algorithm 1, line 10; the log shows the risk (the linear term has no floor)
+        return report_as(risk + linear_correction(params, extras), risk)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers, x = self.start_from_broadcast(payload, len(cohort))

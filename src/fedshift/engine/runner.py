@@ -7,6 +7,7 @@ contract of ``fedshift.algorithms.base`` and never iterate themselves.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -140,7 +141,8 @@ class Runner:
             events.append({"client": None, "event": "no-usable-upload"})
         loss = torch.cat(losses)
         ok = torch.isfinite(loss)
-        mean_loss = float((loss[ok] * w[ok]).sum() / w[ok].sum().clamp(min=1e-12))
+        # NaN when every client diverged (a 0.0 would read as a perfect fit)
+        mean_loss = float((loss[ok] * w[ok]).sum() / w[ok].sum()) if ok.any() else math.nan
         rec = RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
         rec.extras = {**rec_extras, **({"events": events} if events else {})}
         return rec
