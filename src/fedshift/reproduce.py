@@ -541,8 +541,10 @@ def _plot_published(table: Table, results: list[MethodResult], path: Path) -> bo
             continue
         drawn = True
         ax.scatter([p for p, _, _ in pts], [o for _, o, _ in pts], marker=marker, label=metric)
-        for p, o, name in pts:
-            ax.annotate(name, (p, o), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        # neighbours (sorted by position) alternate above / below so close labels stay legible
+        for i, (p, o, name) in enumerate(sorted(pts)):
+            dy = 3 if i % 2 == 0 else -9
+            ax.annotate(name, (p, o), fontsize=7, xytext=(3, dy), textcoords="offset points")
     if not drawn:
         plt.close(fig)
         return False
