@@ -31,6 +31,16 @@ def load_runs(store: RunStore, run_ids: list[str]) -> list[dict]:
     return runs
 
 
+def _axes(series: int):
+    """A figure whose colour cycle has a distinct colour per line: matplotlib's default
+    repeats after ten, which made two methods of a 12-row table look alike."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    if series > 10:
+        cmap = plt.get_cmap("tab20")
+        ax.set_prop_cycle(color=[cmap(i % 20) for i in range(series)])
+    return fig, ax
+
+
 def _legend_below(ax) -> None:
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
 
@@ -44,7 +54,7 @@ def _save(fig, path: Path) -> Path:
 
 def plot_per_env(runs: list[dict], path: Path) -> Path:
     """Accuracy against the test-environment parameter; oracle runs dashed."""
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = _axes(len(runs))
     for run in runs:
         per_env = run["metrics"]["per_env"]
         x, numeric = _env_x(list(per_env))
@@ -65,7 +75,7 @@ def plot_per_env(runs: list[dict], path: Path) -> Path:
 
 def plot_over_training(runs: list[dict], path: Path, by: str) -> Path:
     """Average (solid) and worst (dotted) accuracy against rounds or communicated MB."""
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = _axes(len(runs))
     for run in runs:
         xs, avg, worst, total = [], [], [], 0
         for r in run["round_metrics"]:
@@ -87,7 +97,7 @@ def plot_over_training(runs: list[dict], path: Path, by: str) -> Path:
 
 
 def plot_per_client(runs: list[dict], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, ax = _axes(len(runs))
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
         vals = [v if v is not None else 0.0 for v in run["metrics"]["per_client"]]
