@@ -114,11 +114,10 @@ class FedIPG(FedAvg):
             [((w_t[k].double() - up[k].double()).reshape(len(steps), -1)) for k in w_t], 1
         ) / scale[:, None].to(up[next(iter(up))].device)
         w = weights.double().to(g.device)
+        if w.sum() <= 0:  # everyone exited: judge against all uploads
+            w = torch.ones_like(w)
         total = (w[:, None] * g).sum(0)
         others = w.sum() - w  # weight of the I_ID clients other than i
-        if w.sum() <= 0:  # everyone exited: judge against all uploads
-            w, total = torch.ones_like(w), g.sum(0)
-            others = w.sum() - w
         alone = others <= 1e-12  # the only I_ID client: no "others" to judge against
         gi_total = g @ total
         gi_sq = (g**2).sum(1)
