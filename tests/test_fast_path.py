@@ -142,3 +142,24 @@ def test_keep_freed_memory_is_idempotent():
     from fedshift.engine.allocator import keep_freed_memory
 
     assert keep_freed_memory() == keep_freed_memory()
+
+
+def test_fused_blocks_and_threads_do_not_change_the_result(monkeypatch):
+    """Steps built in blocks of one step, and the single-thread tail (few clients left),
+    give the same training as one block; the caller's thread count is restored."""
+    import fedshift.engine.fused as fused_mod
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        whole, _ = train_both(SGDConfig(0.1), [6])
+        assert torch.get_num_threads() == 2
+        monkeypatch.setattr(fused_mod, "BLOCK_ELEMENTS", 1)
+        monkeypatch.setattr(fused_mod, "FEW_CLIENTS", 0)
+        blocked, _ = train_both(SGDConfig(0.1), [6])
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(blocked.loss, whole.loss, rtol=1e-5, atol=1e-6)
+    for k, v in whole.params.items():
+        torch.testing.assert_close(blocked.params[k], v, rtol=1e-5, atol=1e-6)

@@ -28,6 +28,12 @@ from .sgd import SGDConfig
 from .tree import Tree
 
 MARK = "__fedshift_plain_cross_entropy__"
+# At most this many clients in a step: one CPU thread is faster than several (the products
+# are too small to share, and waking a second thread costs more than it saves; measured on
+# the 2-core development machine, docs/performance.md).
+FEW_CLIENTS = 3
+# Elements of the per-step label tensors built at once (steps are processed in blocks).
+BLOCK_ELEMENTS = 1 << 22
 
 
 def plain_cross_entropy(fn: Callable) -> Callable:
@@ -86,13 +92,14 @@ def loss_scale(w: Tensor) -> Tensor:
 
 
 class FusedMLPStep:
-    """In-place SGD step of a cohort prefix for weighted cross-entropy of an MLP."""
+    """In-place SGD steps of a cohort for weighted cross-entropy of an MLP."""
 
     def __init__(self, layers: list[Layer], sgd: SGDConfig, train_keys: tuple[str, ...]):
         self.layers = layers
         self.sgd = sgd
-        self.train = set(train_keys)
-        self._neg: Tensor | None = None  # −1s scattered onto the labels' probabilities
+        self.train_keys = set(train_keys)
+        # without momentum or weight decay a bias update is one rank-B product in place
+        self.plain = not sgd.momentum and not sgd.weight_decay
 
     @staticmethod
     def applies(
@@ -103,71 +110,106 @@ class FusedMLPStep:
         return mlp_layers(model)
 
     def __call__(self, params: Tree, momentum: Tree, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
-        """Update the stacked ``params`` (and ``momentum``) views of ``k`` clients in place
-        with one step on minibatch ``x`` [k, B, ...], ``y`` [k, B], ``w`` [k, B]; returns the
-        [k] losses before the step."""
+        """Update the stacked ``params`` (and ``momentum``) of ``k`` clients in place with one
+        step on minibatch ``x`` [k, B, ...], ``y`` [k, B], ``w`` [k, B]; returns the [k]
+        losses before the step."""
         k, b = y.shape
-        return self.run(params, momentum, x.reshape(k, b, -1), y.unsqueeze(-1), loss_scale(w))
+        x_flat = x.reshape(k * b, -1)
+        idx = torch.arange(k * b, device=x.device).view(k, 1, b)
+        return self.train(params, momentum, x_flat, y.reshape(-1), idx, w.unsqueeze(1), [k])
 
-    def run(self, params: Tree, momentum: Tree, a: Tensor, y1: Tensor, scale: Tensor) -> Tensor:
-        """The step on flat inputs ``a`` [k, B, D], labels ``y1`` [k, B, 1] and per-sample
-        loss weights ``scale`` = w / max(Σw, 1) [k, B] (see :func:`loss_scale`)."""
-        acts = [a]  # input of each layer
-        for i, layer in enumerate(self.layers):
-            wt = params[layer.weight].transpose(1, 2)
-            if layer.bias is not None:
-                z = torch.baddbmm(params[layer.bias].unsqueeze(1), a, wt)
-            else:
-                z = torch.bmm(a, wt)
+    def train(
+        self,
+        params: Tree,
+        momentum: Tree,
+        x_flat: Tensor,
+        y: Tensor,
+        idx: Tensor,
+        wgt: Tensor,
+        active: list[int],
+    ) -> Tensor:
+        """Every step of a schedule: ``idx``/``wgt`` [C, S, B] rows of ``x_flat`` [N, D]
+        (labels ``y`` [N]) and their weights, clients sorted so that the ``active[s]``
+        clients still training at step ``s`` are a prefix. Returns the [C] sums of each
+        client's step losses (each taken before its step)."""
+        c, s_max, b = idx.shape
+        classes = params[self.layers[-1].weight].shape[1]
+        # per-step tensors in step-major order, so that a prefix of clients is contiguous;
+        # built in blocks of steps to bound their memory
+        per_step = c * b * (classes + 3)
+        block = max(1, BLOCK_ELEMENTS // max(per_step, 1))
+        acc = torch.zeros(c, b, classes, dtype=x_flat.dtype, device=x_flat.device)
+        ones = torch.ones(c, 1, b, dtype=x_flat.dtype, device=x_flat.device)
+        views: dict[int, tuple] = {}
+        threads = torch.get_num_threads()
+        try:
+            for s0 in range(0, len(active), block):
+                s1 = min(s0 + block, len(active))
+                rows = idx[:, s0:s1].transpose(0, 1).reshape(s1 - s0, c * b)
+                scale = loss_scale(wgt[:, s0:s1]).transpose(0, 1).unsqueeze(-1).contiguous()
+                labels = y[rows].view(s1 - s0, c, b, 1)
+                # −onehot(y)·scale: the label's share of d loss / d logits and the loss weights
+                neg = torch.zeros(s1 - s0, c, b, classes, dtype=scale.dtype, device=scale.device)
+                neg.scatter_(-1, labels, scale.neg())
+                for s in range(s0, s1):
+                    k = active[s]
+                    if k not in views:
+                        views[k] = self._views(params, momentum, k, acc, ones)
+                        if k <= FEW_CLIENTS and threads > 1 and x_flat.device.type == "cpu":
+                            torch.set_num_threads(1)
+                    a = x_flat.index_select(0, rows[s - s0, : k * b]).view(k, b, -1)
+                    self._step(views[k], a, scale[s - s0, :k], neg[s - s0, :k])
+        finally:
+            torch.set_num_threads(threads)
+        return acc.sum((1, 2))
+
+    def _views(self, params: Tree, momentum: Tree, k: int, acc: Tensor, ones: Tensor) -> tuple:
+        """The ``k``-client prefixes of everything a step touches, built once per ``k``."""
+        per_layer = []
+        for layer in self.layers:
+            w = params[layer.weight][:k]
+            bias = params[layer.bias][:k].unsqueeze(1) if layer.bias is not None else None
+            per_layer.append((layer, w, w.transpose(1, 2), bias))
+        mom = {n: t[:k] for n, t in momentum.items()}
+        return per_layer, mom, acc[:k], ones[:k]
+
+    def _step(self, views: tuple, a: Tensor, scale: Tensor, neg: Tensor) -> None:
+        per_layer, mom, acc, ones = views
+        acts = []  # input of each layer
+        for layer, _, wt, bias in per_layer:
+            acts.append(a)
+            a = torch.baddbmm(bias, a, wt) if bias is not None else torch.bmm(a, wt)
             if layer.relu:
-                z = z.clamp_min_(0)
-            if i + 1 < len(self.layers):
-                acts.append(z)
-            a = z
+                a = a.clamp_min_(0)
         logp = torch.log_softmax(a, -1)  # a: the logits [k, B, classes]
-        loss = (logp.gather(-1, y1).squeeze(-1) * scale).sum(1).neg_()
+        acc.addcmul_(neg, logp)  # Σ −w_b/max(Σw,1)·log p(y_b): the loss, summed at the end
         # d loss / d logits = (softmax − onehot) · w_b / max(Σw, 1)
-        delta = logp.exp_()
-        if (
-            self._neg is None
-            or self._neg.shape[0] < y1.shape[0]
-            or self._neg.shape[1:] != y1.shape[1:]
-        ):
-            self._neg = torch.full(y1.shape, -1.0, dtype=delta.dtype, device=delta.device)
-        delta.scatter_add_(-1, y1, self._neg[: y1.shape[0]])
-        delta.mul_(scale.unsqueeze(-1))
-        for i in range(len(self.layers) - 1, -1, -1):
-            layer = self.layers[i]
+        delta = torch.addcmul(neg, logp.exp_(), scale)
+        for i in range(len(per_layer) - 1, -1, -1):
+            layer, w, _, bias = per_layer[i]
             a_in = acts[i]
-            weight = params[layer.weight]
             # δ of the layer below, with the weight before this step's update
-            below = torch.bmm(delta, weight) if i > 0 else None
-            self._update(layer.weight, params, momentum, delta.transpose(1, 2), a_in)
-            if layer.bias is not None:
-                self._update(layer.bias, params, momentum, delta.sum(1), None)
+            below = torch.bmm(delta, w) if i > 0 else None
+            if layer.weight in self.train_keys:
+                if self.plain:
+                    w.baddbmm_(delta.transpose(1, 2), a_in, alpha=-self.sgd.lr)
+                else:
+                    self._update(w, mom.get(layer.weight), torch.bmm(delta.transpose(1, 2), a_in))
+            if bias is not None and layer.bias in self.train_keys:
+                if self.plain:
+                    bias.baddbmm_(ones, delta, alpha=-self.sgd.lr)
+                else:
+                    self._update(bias.squeeze(1), mom.get(layer.bias), delta.sum(1))
             if below is not None:
                 delta = below
                 if self.layers[i - 1].relu:  # ReLU's backward, as autograd computes it
                     delta = torch.ops.aten.threshold_backward(delta, a_in, 0)
-        return loss
 
-    def _update(self, key: str, params: Tree, momentum: Tree, d: Tensor, a: Tensor | None) -> None:
-        """``p ← p − lr·buf`` with ``buf ← μ·buf + g + λ·p`` where ``g = d @ a`` (weights) or
-        ``g = d`` (biases); without momentum or weight decay ``g`` is never materialised."""
-        if key not in self.train:
-            return
-        cfg, p = self.sgd, params[key]
-        if not cfg.momentum and not cfg.weight_decay:
-            if a is None:
-                p.add_(d, alpha=-cfg.lr)
-            else:
-                p.baddbmm_(d, a, alpha=-cfg.lr)
-            return
-        g = d if a is None else torch.bmm(d, a)
+    def _update(self, p: Tensor, buf: Tensor | None, g: Tensor) -> None:
+        """PyTorch's SGD: ``buf ← μ·buf + g + λ·p``, ``p ← p − lr·buf``."""
+        cfg = self.sgd
         if cfg.weight_decay:
             g = g.add(p, alpha=cfg.weight_decay)
         if cfg.momentum:
-            buf = momentum[key]
-            buf.mul_(cfg.momentum).add_(g)
-            g = buf
+            g = buf.mul_(cfg.momentum).add_(g)
         p.add_(g, alpha=-cfg.lr)

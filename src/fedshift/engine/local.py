@@ -25,7 +25,7 @@ from torch.func import functional_call, grad, vmap
 from ..data.federated import Split
 from ..models.base import FedModel
 from .allocator import keep_freed_memory
-from .fused import FusedMLPStep, loss_scale
+from .fused import FusedMLPStep
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree, take
@@ -117,20 +117,9 @@ class LocalTrainer:
         layers = FusedMLPStep.applies(loss_fn, self.model, buffers, noise) if self.fused else None
         if layers is not None:
             fused = FusedMLPStep(layers, sgd, train_keys)
-            every = {**trained, **frozen}
             x_flat = split.x.reshape(split.x.shape[0], -1)
-            y1 = split.y[idx].unsqueeze(-1)  # [C, S, B, 1] labels of every slot
-            scale = loss_scale(wgt)  # [C, S, B]
-            views: dict[int, tuple[Tree, Tree]] = {}  # the k-client prefixes, per k
-            for s, k in enumerate(active):
-                if k not in views:
-                    views[k] = (
-                        {n: t[:k] for n, t in every.items()},
-                        {n: t[:k] for n, t in momentum.items()},
-                    )
-                rows = idx[:k, s].reshape(-1)
-                a = x_flat.index_select(0, rows).view(k, -1, x_flat.shape[1])
-                loss_sum[:k] += fused.run(*views[k], a, y1[:k, s], scale[:k, s])
+            every = {**trained, **frozen}
+            loss_sum += fused.train(every, momentum, x_flat, split.y, idx, wgt, active)
             active = []
         step = self._step_fn(loss_fn, sgd, train_keys) if active else None
         for s, k in enumerate(active):
