@@ -1,6 +1,6 @@
 """Seconds per round, fedshift against a sequential reference, measured side by side.
 
-    python benchmarks/round_speed.py [--quick] [--json] [--threads 2] [--only w1,w2,w3]
+    python benchmarks/round_speed.py [--quick] [--json] [--threads 2] [--only w1,w2,w3] [--compile]
 
 W1  FedAvg, MLP 784-100-10, MNIST, 20 clients, Dirichlet α = 0.1 (per-class), batch 10,
     1 local epoch, lr 0.005, full participation; reference: ``classic_fedavg_round``.
@@ -75,7 +75,7 @@ def timed(fn) -> tuple[float, float]:
 
 def pairs(fs_round, ref_round, rounds: int, between=None) -> dict:
     """Warm up both, then alternate; medians of seconds and of per-pair ratios."""
-    fs_round(0)
+    warm = timed(lambda: fs_round(0))[0]  # includes torch.compile's work when compiling
     ref_round(0)
     a, b, extra = [], [], []
     for r in range(1, rounds + 1):
@@ -92,6 +92,7 @@ def pairs(fs_round, ref_round, rounds: int, between=None) -> dict:
         "fedshift_cpu_s": statistics.median(ca),
         "reference_cpu_s": statistics.median(cb),
         "cpu_ratio": statistics.median(y / x for x, y in zip(ca, cb, strict=True)),
+        "fedshift_warmup_s": warm,
         "fedshift_all_s": [round(v, 4) for v in wa],
         "reference_all_s": [round(v, 4) for v in wb],
     }
@@ -112,6 +113,9 @@ def dirichlet_mnist(samples: int):
     )
 
 
+COMPILE = False  # --compile: fedshift's general step under torch.compile
+
+
 def fedavg_workload(model: str, options: dict, samples: int, rounds: int) -> dict:
     data = dirichlet_mnist(samples)
     cfg = fs.make_config(
@@ -124,6 +128,7 @@ def fedavg_workload(model: str, options: dict, samples: int, rounds: int) -> dic
         rounds=rounds + 1,
         participation=1.0,
         seed=SEED,
+        compile=COMPILE,
     )
     runner = build_experiment(cfg, data=data).runner
     ref_model = build_experiment(cfg, data=data).ctx.model  # same seeded initial weights
@@ -165,6 +170,7 @@ def w3_case(algorithm: str, clients: int, rate: float, samples: int, rounds: int
         rounds=rounds + 1,
         participation=rate,
         seed=SEED,
+        compile=COMPILE,
     )
     runner = build_experiment(cfg, data=data).runner
     ref = build_experiment(cfg, data=data)
@@ -181,7 +187,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", default="w1,w2,w3")
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 2 quick, 5 full)")
+    ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="run fedshift with compile=true (its warm-up round, fedshift_warmup_s, compiles)",
+    )
     args = ap.parse_args()
+    global COMPILE
+    COMPILE = args.compile
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 5)
     only = set(args.only.split(","))
@@ -190,6 +203,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "quick": args.quick,
+        "compile": args.compile,
         "rounds": rounds,
     }
     if "w1" in only:

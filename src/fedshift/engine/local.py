@@ -34,6 +34,17 @@ from .tree import Tree, take
 LossFn = Callable[[Tree, Tree, Tree, Tensor, Tensor, Tensor], Tensor]
 
 
+# torch.compile: graphs allowed per step function (objectives × widths); the default (8)
+# would send the rest back to eager
+RECOMPILE_LIMIT = 64
+
+
+def compiled_width(k: int, cohort: int) -> int:
+    """Width a compiled step runs at when ``k`` of ``cohort`` clients are active: the next
+    power of two, at most the cohort."""
+    return min(cohort, 1 << (k - 1).bit_length())
+
+
 @dataclass
 class TrainResult:
     params: Tree  # stacked, cohort order
@@ -47,6 +58,7 @@ class LocalTrainer:
         self.model = model
         self.compile = compile
         self.fused = fused  # allow the fused cross-entropy MLP step where it applies
+        self.bucket_widths = compile  # run general steps at power-of-two widths
         self._steps: dict = {}
         keep_freed_memory()
 
@@ -70,7 +82,14 @@ class LocalTrainer:
 
         fn = vmap(step, in_dims=(0, 0, 0, None, 0, 0, 0, 0))
         if self.compile:
-            fn = torch.compile(fn, dynamic=True)
+            # one static graph per bucket of active clients (see ``compiled_width``); every
+            # objective and bucket is a separate entry of the same cache
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+            dynamo.accumulated_recompile_limit = max(
+                dynamo.accumulated_recompile_limit, RECOMPILE_LIMIT
+            )
+            fn = torch.compile(fn, dynamic=False)
         self._steps[key] = fn
         return fn
 
@@ -122,26 +141,34 @@ class LocalTrainer:
             loss_sum += fused.train(every, momentum, x_flat, split.y, idx, wgt, active)
             active = []
         step = self._step_fn(loss_fn, sgd, train_keys) if active else None
+        cohort = len(order)
         for s, k in enumerate(active):
-            rows = idx[:k, s]
+            # compiled: run a bucketed width (finished clients' slots have zero weight and
+            # their results are dropped), so the number of graphs stays logarithmic; not
+            # with buffers, which a step may update in place (batch-norm statistics)
+            kw = compiled_width(k, cohort) if self.bucket_widths and not bufs else k
+            rows = idx[:kw, s]
             xb = split.x.index_select(0, rows.reshape(-1)).view(*rows.shape, *split.x.shape[1:])
-            extras = take(pc, slice(0, k))
+            extras = take(pc, slice(0, kw))
             if split.env is not None:
-                extras["env"] = split.env[rows]  # [k, B] environment id of each sample
+                extras["env"] = split.env[rows]  # [kw, B] environment id of each sample
             for name, shape in (noise or {}).items():
                 draws = [torch.randn(shape, generator=generators[int(order[j])]) for j in range(k)]
+                draws += [torch.zeros(shape)] * (kw - k)  # dropped slots: no draws
                 extras[name] = torch.stack(draws).to(device)
-            mine = take(trained, slice(0, k))  # views: updated in place below
             grads, loss = step(
-                mine,
-                take(frozen, slice(0, k)),
-                take(bufs, slice(0, k)),
+                take(trained, slice(0, kw)),
+                take(frozen, slice(0, kw)),
+                take(bufs, slice(0, kw)),
                 shared or {},
                 extras,
                 xb,
                 split.y[rows],
-                wgt[:k, s],
+                wgt[:kw, s],
             )
+            if kw > k:
+                grads, loss = take(grads, slice(0, k)), loss[:k]
+            mine = take(trained, slice(0, k))  # views: updated in place
             sgd_update_(mine, grads, take(momentum, slice(0, k)), sgd)
             loss_sum[:k] += loss.detach()
         out = {**trained, **frozen}
