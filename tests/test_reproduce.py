@@ -276,6 +276,10 @@ def test_shipped_tables_parse_and_are_listed():
         for m in t.methods:
             assert m.algorithm in SPEC_ALGORITHMS, (n, m.algorithm)
             assert m.published and all(0 <= v <= 100 for v in m.published.values())
+    for rot in ("fedipg-rotmnist5", "fedipg-rotmnist50"):  # Table II: mean over LODO folds
+        t = load_table(rot)
+        assert t.sweep_key == "scenario.held_out"
+        assert t.sweep_values == [0, 15, 30, 45, 60, 75]
     t = load_table("thesis-5.1-cmnist8")
     fedpin = next(m for m in t.methods if m.name == "FedPIN")
     assert fedpin.published == {"worst": 53.6, "average": 55.4}
