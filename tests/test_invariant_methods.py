@@ -7,6 +7,7 @@ import torch
 from toy import toy_data
 
 import fedshift as fs
+from fedshift.algorithms.perinvfl import PerInvFL, PerInvFLHyper, adam_step
 from fedshift.algorithms.pfedme import PFedMe, PFedMeHyper
 from fedshift.api import make_config
 from fedshift.data.federated import FederatedData, Split
@@ -45,6 +46,7 @@ CASES = [
     ("fedsdr-pfedme", {"personal_epochs": 1, "gamma": 0.1, "inner_steps": 2}),
     ("perinvfl", {"anneal_rounds": 1, "irm_lambda": 10.0, "personal_steps": 2}),
     ("perinvfl", {"inv": "groupdro", "personal_steps": 2}),
+    ("perinvfl", {"optimizer": "sgd", "anneal_rounds": 1, "irm_lambda": 10.0}),
 ]
 
 
@@ -116,6 +118,86 @@ def test_perinvfl_beta_zero_personal_models_are_local_and_alpha_zero_freezes_nu(
     for k, v in init.items():
         if k.startswith("p/"):
             torch.testing.assert_close(a.result.server[k], v)
+
+
+def test_perinvfl_adam_step_is_torch_adam():
+    g = torch.Generator().manual_seed(0)
+    p = {"a": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)}
+    ref = [v.clone().requires_grad_(True) for v in p.values()]
+    opt = torch.optim.Adam(ref, lr=0.01)
+    m = {k: torch.zeros_like(v) for k, v in p.items()}
+    v = {k: torch.zeros_like(t) for k, t in p.items()}
+    k = torch.zeros(())
+    for _ in range(4):
+        grads = {n: torch.randn(t.shape, generator=g) for n, t in p.items()}
+        for r, gr in zip(ref, grads.values(), strict=True):
+            r.grad = gr.clone()
+        opt.step()
+        p, m, v, k = adam_step(p, grads, m, v, k, 0.01)
+    assert float(k) == 4.0
+    for r, t in zip(ref, p.values(), strict=True):
+        torch.testing.assert_close(t, r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_perinvfl_adam_engine_step_matches_algorithm_by_hand():
+    """One engine step (lr 1) of the Adam surrogate = S Adam steps of θ on L_INV + β‖θ − ν‖²,
+    then one Adam step of ν on L_INV(ν) (IRMv1, weight w, loss divided by w > 1)."""
+    exp = build_experiment(
+        make_config(algorithm="perinvfl", **SETTINGS), data=toy_data(sizes=SIZES)
+    )
+    ctx = exp.ctx
+    eta, gamma, beta, weight = 0.03, 0.01, 0.7, torch.tensor(50.0)
+    alg = PerInvFL(PerInvFLHyper(beta=beta, personal_steps=3, personal_lr=eta), ctx)
+    ctx.sgd = SGDConfig(gamma)
+    g = torch.Generator().manual_seed(2)
+    nu = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in ctx.initial_params.items()}
+    theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in nu.items()}
+    state = alg.init_client_state({})
+    adam = {k: v for k, v in state.items() if k.startswith(("am/", "av/", "ak/"))}
+    assert adam and all(float(v.abs().sum()) == 0 for v in adam.values())
+    x, y, ones = ctx.data.train.x[:6], ctx.data.train.y[:6], torch.ones(6)
+    params = {**nu, **{f"pm/{k}": v for k, v in theta.items()}, **adam}
+    extras = {"weight": weight}
+    grads = torch.func.grad(lambda p: alg.loss(p, {}, extras, x, y, ones))(params)
+    new, _ = sgd_step(params, grads, {}, SGDConfig(1.0))
+
+    def irm(t):
+        logits = ctx.forward(t, {}, x)
+        scale = torch.ones((), requires_grad=True)
+        r = torch.nn.functional.cross_entropy(scale * logits, y)
+        (gs,) = torch.autograd.grad(r, scale, create_graph=True)
+        return (torch.nn.functional.cross_entropy(logits, y) + weight * gs**2) / weight
+
+    def by_hand(start, objective, lr, steps):
+        t = [v.clone().requires_grad_(True) for v in start.values()]
+        opt = torch.optim.Adam(t, lr=lr)
+        for _ in range(steps):
+            opt.zero_grad()
+            objective(dict(zip(start, t, strict=True))).backward()
+            opt.step()
+        return dict(zip(start, (v.detach() for v in t), strict=True))
+
+    def personal(t):
+        return irm(t) + beta * sum(((t[k] - nu[k]) ** 2).sum() for k in nu)
+
+    hand_theta = by_hand(theta, personal, eta, 3)
+    hand_nu = by_hand(nu, irm, gamma, 1)
+    for k in nu:
+        torch.testing.assert_close(new[f"pm/{k}"], hand_theta[k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(new[k], hand_nu[k], rtol=1e-4, atol=1e-6)
+    assert float(new["ak/pm"]) == 3.0 and float(new["ak/nu"]) == 1.0
+
+
+def test_perinvfl_adam_state_persists_per_client():
+    """Each client's Adam step counts add up over rounds: 2 rounds × 3 local steps = 6 for ν,
+    × S = 2 personal steps each = 12 for θ."""
+    cfg = make_config(algorithm="perinvfl", algorithm_options={"personal_steps": 2}, **SETTINGS)
+    exp = build_experiment(cfg, data=env_toy())
+    exp.runner.run()
+    state = exp.runner.store.state
+    torch.testing.assert_close(state["ak/nu"], torch.full_like(state["ak/nu"], 6.0))
+    torch.testing.assert_close(state["ak/pm"], torch.full_like(state["ak/pm"], 12.0))
+    assert all(float(state[k].abs().sum()) > 0 for k in state if k.startswith(("am/", "av/")))
 
 
 def test_pfedme_zero_inner_steps_keeps_the_global_model():
