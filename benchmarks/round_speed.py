@@ -1,6 +1,7 @@
 """Seconds per round, fedshift against a sequential reference, measured side by side.
 
     python benchmarks/round_speed.py [--quick] [--json] [--threads 2] [--only w1,w2,w3] [--compile]
+                                      [--shared-machine]
 
 W1  FedAvg, MLP 784-100-10, MNIST, 20 clients, Dirichlet α = 0.1 (per-class), batch 10,
     1 local epoch, lr 0.005, full participation; reference: ``classic_fedavg_round``.
@@ -28,10 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-# Idle OpenMP threads sleep instead of spinning: on a shared machine, spinning threads of
-# several processes starve each other (measured: 10–90× slower 2-thread steps). Must be
-# set before torch loads its OpenMP runtime; an explicit setting in the environment wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# --shared-machine: idle OpenMP threads sleep instead of spinning. With several busy
+# processes on the cores, spinning threads starve each other (measured: 10–90× slower
+# 2-thread steps); on a quiet machine OpenMP's own default (spin briefly, then sleep) is
+# faster (W1: 0.385 against 0.42 s per round). Must be set before torch loads its OpenMP
+# runtime; an explicit OMP_WAIT_POLICY in the environment wins.
+if "--shared-machine" in sys.argv:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
@@ -185,6 +189,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small round counts (<= 5 min)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--shared-machine",
+        action="store_true",
+        help="OMP_WAIT_POLICY=PASSIVE: use when other processes compete for the cores",
+    )
     ap.add_argument("--only", default="w1,w2,w3")
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 2 quick, 5 full)")
     ap.add_argument(

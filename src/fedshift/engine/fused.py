@@ -18,6 +18,7 @@ other layers) takes the general path.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,10 +29,17 @@ from .sgd import SGDConfig
 from .tree import Tree
 
 MARK = "__fedshift_plain_cross_entropy__"
-# At most this many clients in a step: one CPU thread is faster than several (the products
-# are too small to share, and waking a second thread costs more than it saves; measured on
-# the 2-core development machine, docs/performance.md).
+# With OMP_WAIT_POLICY=PASSIVE (idle OpenMP threads sleep), a step of at most this many
+# clients runs faster on one CPU thread: waking a second thread costs more than sharing so
+# small a product saves. With spinning threads (OpenMP's default) two threads win even for
+# one client. Measured on the 2-core development machine, docs/performance.md.
 FEW_CLIENTS = 3
+
+
+def passive_openmp() -> bool:
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+
+
 # Elements of the per-step label tensors built at once (steps are processed in blocks).
 BLOCK_ELEMENTS = 1 << 22
 
@@ -142,6 +150,7 @@ class FusedMLPStep:
         ones = torch.ones(c, 1, b, dtype=x_flat.dtype, device=x_flat.device)
         views: dict[int, tuple] = {}
         threads = torch.get_num_threads()
+        few = FEW_CLIENTS if threads > 1 and passive_openmp() and x_flat.device.type == "cpu" else 0
         try:
             for s0 in range(0, len(active), block):
                 s1 = min(s0 + block, len(active))
@@ -155,7 +164,7 @@ class FusedMLPStep:
                     k = active[s]
                     if k not in views:
                         views[k] = self._views(params, momentum, k, acc, ones)
-                        if k <= FEW_CLIENTS and threads > 1 and x_flat.device.type == "cpu":
+                        if k <= few:
                             torch.set_num_threads(1)
                     a = x_flat.index_select(0, rows[s - s0, : k * b]).view(k, b, -1)
                     self._step(views[k], a, scale[s - s0, :k], neg[s - s0, :k])
