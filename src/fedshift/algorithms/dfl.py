@@ -12,8 +12,9 @@ two-branch version of it, E_s a freshly initialised copy of its extractor). Clie
 MI terms by the Jensen–Shannon estimator with small critics (common/mi.py). Per round: step 1
 trains E_s (with P and the critics) with E_c frozen at the received global E_c^G; step 2
 trains E_c (with P and the critics) with E_s frozen; the server averages E_c with weights
-n_k (eq. 6). The critics maximise their MI estimates (for I_s adversarially: the extractors
-minimise it, via a stop-gradient split of the term).
+n_k (eq. 6). The critics maximise their MI estimates; I_s is minimised by E_s alone, against
+its critic (a stop-gradient split of the term), and E_c is updated by F_k − I_c alone: zc is
+detached in I_s (Algorithm 2; appendix: ∇_{ω_c} h_k = P_c ∇F_k − ∇I_c).
 
 Defaults: λ = 1, E = 20 local epochs, B = 32, lr = 0.01, T = 200 (the run's settings);
 backbone ``dfl-cnn``. Choices where the paper is silent:
@@ -25,6 +26,15 @@ backbone ``dfl-cnn``. Choices where the paper is silent:
 * P and the critics are local (never aggregated); a client is evaluated with the latest
   global E_c^G and its own E_s and P. ``mi_weight`` scales I_s and I_c (1 in the paper);
   critics have one hidden layer of ``critic_hidden`` units; E_c^G runs in eval mode.
+* BatchNorm running statistics of E_c (``invariant_bn``): they are buffers, not the trained
+  weights that eq. (6) averages, and on attribute skew they are domain-specific (a
+  background colour shifts every first-layer channel mean). With ``local`` (default) each
+  client keeps its own E_c statistics (updated while it trains, as in FedBN) and is
+  evaluated with E_c^G's weights and them; a client that has not trained yet uses the
+  average. With ``global`` the statistics are averaged with the weights and evaluation
+  uses the average, which mis-normalises each client's domain: on bgcolor-mnist
+  (docs/results/dfl-bgcolor-mnist-reduced) that, not the MI terms, caused DFL's late
+  decline. The server still averages the statistics (E_c^G in I_c runs with them).
 """
 
 from __future__ import annotations
@@ -55,6 +65,11 @@ class DFLHyper:
     donors: int = opt(9, "other clients' E_s sent to each client (K − 1 of 10 sampled)")
     mi_weight: float = opt(1.0, "weight of the MI terms I_s − I_c")
     critic_hidden: int = opt(64, "hidden units of each MI critic")
+    invariant_bn: str = opt(
+        "local",
+        "BatchNorm running statistics of E_c at evaluation: the client's own or the average",
+        ("local", "global"),
+    )
 
     def __post_init__(self) -> None:
         require(self.lambda_ >= 0, f"algorithm.lambda_ must be >= 0, got {self.lambda_}")
@@ -100,7 +115,11 @@ class DFL(Algorithm):
         dev = self.ctx.device
         local = {k: v for k, v in p.items() if not k.startswith(INV)}
         local.update({k: v.to(dev) for k, v in critics.items()})
-        return model_state(local, {k: v for k, v in b.items() if k.startswith(SPEC)})
+        return model_state(local, {k: v for k, v in b.items() if self.local_buffer(k)})
+
+    def local_buffer(self, name: str) -> bool:
+        """Buffers kept in the client state: E_s's, and E_c's with ``invariant_bn=local``."""
+        return name.startswith(SPEC) or (self.hp.invariant_bn == "local" and name.startswith(INV))
 
     # ---- Algorithm 1: the server sends E_c^G (and donor E_s) -----------------------------
     def configure(self, server: Tree, cohort) -> Payload:
@@ -154,9 +173,12 @@ class DFL(Algorithm):
             transfer = (torch.stack(terms) * mask).sum() / mask.sum().clamp(min=1.0)
             risk = risk + self.hp.lambda_ * transfer
         critic_s, critic_c = strip_prefix(params, "critic_s."), strip_prefix(params, "critic_c.")
-        # I_s: the extractors minimise it against a frozen critic; the critic maximises it
-        i_s = jsd_mi({k: v.detach() for k, v in critic_s.items()}, zs, zc, w) - jsd_mi(
-            critic_s, zs.detach(), zc.detach(), w
+        # I_s(E_s^k; E_c): E_s minimises it against a frozen critic, the critic maximises it.
+        # E_c gets no gradient from it (Algorithm 2: step 1 descends ∇_{ω_s} I_s, step 2
+        # updates E_c by F_k − I_c alone), so zc is detached in both terms.
+        zc_d = zc.detach()
+        i_s = jsd_mi({k: v.detach() for k, v in critic_s.items()}, zs, zc_d, w) - jsd_mi(
+            critic_s, zs.detach(), zc_d, w
         )
         zg = functional_call(
             self.frozen_invariant,
@@ -200,7 +222,7 @@ class DFL(Algorithm):
         )
         local = model_state(
             {k: v for k, v in s2.params.items() if not k.startswith(INV)},
-            {k: v for k, v in s2.buffers.items() if k.startswith(SPEC)},
+            {k: v for k, v in s2.buffers.items() if self.local_buffer(k)},
         )
         upload = dict(inv)
         if self.transfer:  # E_s goes to the server's bank for diversity transferring
@@ -228,4 +250,10 @@ class DFL(Algorithm):
             **stack(glob_p, n),
             **{k: v for k, v in local_p.items() if not k.startswith("critic")},
         }
-        return Prediction(params, {**stack(glob_b, n), **local_b}, shared=False)
+        buffers = {**stack(glob_b, n), **local_b}
+        for k, v in local_b.items():  # own E_c statistics once the client has trained
+            count = local_b.get(k.rsplit(".", 1)[0] + ".num_batches_tracked")
+            if k.startswith(INV) and k in glob_b and count is not None and v.is_floating_point():
+                mine = (count > 0).view(-1, *[1] * (v.dim() - 1))
+                buffers[k] = torch.where(mine, v, glob_b[k].to(v.device).expand_as(v))
+        return Prediction(params, buffers, shared=False)
