@@ -6,7 +6,8 @@ parameters (one pass per tensor, no copies: large models are memory-bound here).
 are sorted by their step counts, so at step ``s`` the clients still training are a prefix
 of the cohort: the step runs on that prefix only (finished clients are dropped from the
 batch, not masked into it). The step is a pure tensors-in/tensors-out function, so
-``torch.compile`` can take it whole.
+``torch.compile`` can take it whole; compiled, it runs at power-of-two widths (the extra
+finished clients' results are dropped) so that it needs a logarithmic number of graphs.
 
 When the loss is declared plain cross-entropy and the model is an MLP, a fused in-place
 step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
