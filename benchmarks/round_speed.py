@@ -117,10 +117,9 @@ def dirichlet_mnist(samples: int):
     )
 
 
-COMPILE = False  # --compile: fedshift's general step under torch.compile
-
-
-def fedavg_workload(model: str, options: dict, samples: int, rounds: int) -> dict:
+def fedavg_workload(
+    model: str, options: dict, samples: int, rounds: int, compile_: bool = False
+) -> dict:
     data = dirichlet_mnist(samples)
     cfg = fs.make_config(
         algorithm="fedavg",
@@ -132,7 +131,7 @@ def fedavg_workload(model: str, options: dict, samples: int, rounds: int) -> dic
         rounds=rounds + 1,
         participation=1.0,
         seed=SEED,
-        compile=COMPILE,
+        compile=compile_,
     )
     runner = build_experiment(cfg, data=data).runner
     ref_model = build_experiment(cfg, data=data).ctx.model  # same seeded initial weights
@@ -164,7 +163,9 @@ def fedavg_workload(model: str, options: dict, samples: int, rounds: int) -> dic
     return out
 
 
-def w3_case(algorithm: str, clients: int, rate: float, samples: int, rounds: int) -> dict:
+def w3_case(
+    algorithm: str, clients: int, rate: float, samples: int, rounds: int, compile_: bool = False
+) -> dict:
     data = fs.scenario("cmnist", clients=clients, samples=samples, seed=SEED)
     cfg = fs.make_config(
         algorithm=algorithm,
@@ -174,7 +175,7 @@ def w3_case(algorithm: str, clients: int, rate: float, samples: int, rounds: int
         rounds=rounds + 1,
         participation=rate,
         seed=SEED,
-        compile=COMPILE,
+        compile=compile_,
     )
     runner = build_experiment(cfg, data=data).runner
     ref = build_experiment(cfg, data=data)
@@ -202,8 +203,6 @@ def main() -> None:
         help="run fedshift with compile=true (its warm-up round, fedshift_warmup_s, compiles)",
     )
     args = ap.parse_args()
-    global COMPILE
-    COMPILE = args.compile
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 5)
     only = set(args.only.split(","))
@@ -216,14 +215,16 @@ def main() -> None:
         "rounds": rounds,
     }
     if "w1" in only:
-        res["w1"] = fedavg_workload("mlp", {"hidden": [100]}, 0, rounds)
+        res["w1"] = fedavg_workload("mlp", {"hidden": [100]}, 0, rounds, args.compile)
     if "w2" in only:
-        res["w2"] = fedavg_workload("fedavg-cnn", {}, 1000 if args.quick else 5000, rounds)
+        res["w2"] = fedavg_workload(
+            "fedavg-cnn", {}, 1000 if args.quick else 5000, rounds, args.compile
+        )
     if "w3" in only:
         algs = [a for a in ("fedpin", "ditto") if a in ALGORITHMS]
         samples = 4000 if args.quick else 0
         res["w3"] = {
-            f"{a}.{n}x{rate:g}": w3_case(a, n, rate, samples, rounds)
+            f"{a}.{n}x{rate:g}": w3_case(a, n, rate, samples, rounds, args.compile)
             for a in algs
             for n, rate in ((80, 0.1), (8, 1.0))
         }

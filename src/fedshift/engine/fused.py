@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .sgd import SGDConfig
+from .sgd import SGDConfig, sgd_update_
 from .tree import Tree
 
 MARK = "__fedshift_plain_cross_entropy__"
@@ -203,22 +203,15 @@ class FusedMLPStep:
                 if self.plain:
                     w.baddbmm_(delta.transpose(1, 2), a_in, alpha=-self.sgd.lr)
                 else:
-                    self._update(w, mom.get(layer.weight), torch.bmm(delta.transpose(1, 2), a_in))
+                    g = torch.bmm(delta.transpose(1, 2), a_in)
+                    sgd_update_({"p": w}, {"p": g}, {"p": mom.get(layer.weight)}, self.sgd)
             if bias is not None and layer.bias in self.train_keys:
                 if self.plain:
                     bias.baddbmm_(ones, delta, alpha=-self.sgd.lr)
                 else:
-                    self._update(bias.squeeze(1), mom.get(layer.bias), delta.sum(1))
+                    p, g = bias.squeeze(1), delta.sum(1)
+                    sgd_update_({"p": p}, {"p": g}, {"p": mom.get(layer.bias)}, self.sgd)
             if below is not None:
                 delta = below
                 if self.layers[i - 1].relu:  # ReLU's backward, as autograd computes it
                     delta = torch.ops.aten.threshold_backward(delta, a_in, 0)
-
-    def _update(self, p: Tensor, buf: Tensor | None, g: Tensor) -> None:
-        """PyTorch's SGD: ``buf ← μ·buf + g + λ·p``, ``p ← p − lr·buf``."""
-        cfg = self.sgd
-        if cfg.weight_decay:
-            g = g.add(p, alpha=cfg.weight_decay)
-        if cfg.momentum:
-            g = buf.mul_(cfg.momentum).add_(g)
-        p.add_(g, alpha=-cfg.lr)

@@ -87,9 +87,6 @@ class LocalTrainer:
             # objective and bucket is a separate entry of the same cache
             dynamo = torch._dynamo.config
             dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
-            dynamo.accumulated_recompile_limit = max(
-                dynamo.accumulated_recompile_limit, RECOMPILE_LIMIT
-            )
             fn = torch.compile(fn, dynamic=False)
         self._steps[key] = fn
         return fn
