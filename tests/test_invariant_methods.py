@@ -42,6 +42,7 @@ CASES = [
     ("pfedme", {"inner_steps": 2}),
     ("fedpin", {}),
     ("fedsdr", {"personal_epochs": 1, "gamma": 0.1}),
+    ("fedsdr", {"personal_epochs": 1, "gamma": 0.1, "shortcut_view": "disagreement"}),
     ("fedsdr-fedavg", {"personal_epochs": 1, "gamma": 0.1}),
     ("fedsdr-pfedme", {"personal_epochs": 1, "gamma": 0.1, "inner_steps": 2}),
     ("perinvfl", {"anneal_rounds": 1, "irm_lambda": 10.0, "personal_steps": 2}),
@@ -103,6 +104,29 @@ def test_fedsdr_environment_classifiers_average_over_holders_only():
     # both environments are held by some client, so both classifiers moved
     for e in range(2):
         assert not torch.equal(out.result.server["env.weight"][e], w0["env.weight"][e])
+
+
+def test_fedsdr_disagreement_view_is_the_centred_environment_outputs():
+    out = run("fedsdr", {"personal_epochs": 1, "gamma": 0.1}, rounds=1)
+    exp = build_experiment(
+        make_config(
+            algorithm="fedsdr",
+            algorithm_options={"shortcut_view": "disagreement"},
+            **{**SETTINGS, "rounds": 1},
+        ),
+        data=env_toy(),
+    )
+    alg, server = exp.runner.alg, out.result.server
+    data = env_toy()
+    x, k = data.train.x[:6], data.num_classes
+    view = alg.shortcut(alg.psi_extras(server), x)  # [B, E·K]
+    assert view.shape == (6, 2 * k)
+    per_env = view.view(6, 2, k)
+    torch.testing.assert_close(per_env.sum(1), torch.zeros(6, k), atol=1e-6, rtol=0)
+    # the two environments' classifiers disagree, so the view is not zero
+    assert per_env.abs().max() > 1e-4
+    with pytest.raises(FedshiftError, match="shortcut_view"):
+        run("fedsdr", {"shortcut_view": "logits"})
 
 
 def test_fedsdr_needs_environment_ids():

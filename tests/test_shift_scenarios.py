@@ -299,6 +299,30 @@ def test_scm_means_are_the_dataset_and_the_run_seed_draws_the_rest():
         build_scenario("scm", {**SCM_SMALL, "means_seed": -2}, 0)
 
 
+def test_scm_environment_means_share_the_prior_centre():
+    def shortcut_mean(d):  # E[y·Z_S] over the pooled training data, latents as W⁻¹x
+        w = np.asarray(d.info["mixing"])
+        z = np.linalg.solve(w, d.train.x.double().numpy().T).T[:, 6:]
+        y = d.train.y.double().numpy() * 2 - 1
+        return (z * y[:, None]).mean(0)
+
+    flat = build_scenario("scm", SCM_SMALL, 0)
+    assert flat.info["mu_s_centre"] == [0.0] * 6
+    # zero-mean prior: the ten environments' means largely cancel in the pooled data
+    assert np.allclose(shortcut_mean(flat), np.mean(flat.info["mu_s_train"], 0), atol=0.05)
+    opts = {**SCM_SMALL, "mu_s_centre_var": 4.0}
+    a, b = build_scenario("scm", opts, 0), build_scenario("scm", opts, 1)
+    centre = np.asarray(a.info["mu_s_centre"])
+    assert np.linalg.norm(centre) > 1.0 and a.info["mu_s_centre"] == b.info["mu_s_centre"]
+    assert a.info["mu_s_train"] != b.info["mu_s_train"]  # the run seed draws the environments
+    # the environments scatter around the centre with the spread mu_s_var (0.75)
+    spread = np.asarray(a.info["mu_s_train"]) - centre
+    assert 0.4 < spread.std() < 1.3
+    assert np.allclose(shortcut_mean(a), np.mean(a.info["mu_s_train"], 0), atol=0.05)
+    with pytest.raises(FedshiftError, match="mu_s_centre_var"):
+        build_scenario("scm", {**SCM_SMALL, "mu_s_centre_var": -1.0}, 0)
+
+
 # ---------------------------------------------------------------- UCFL groups
 
 

@@ -16,6 +16,8 @@ Requires environment ids in the training split (the method's known limitation).
 Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis §4.5.2).
 Not given by the thesis, ours: α_th = 1, one epoch for the environment classifiers.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
+Ours, off by default: ``shortcut_view = "disagreement"`` decorrelates Φ_u from the environment
+classifiers' centred outputs instead of Ψ(x) (docs/methods/invariant.md, measured on ``scm``).
 """
 
 from __future__ import annotations
@@ -48,8 +50,17 @@ class FedSDRHyper:
     alpha_th: float = opt(1.0, "α_th: clamp of λ·ℓ_dis in ℓ_SD (ours; the thesis gives none)")
     personal_epochs: int = opt(10, "K: epochs of the personalized model per round")
     env_epochs: int = opt(1, "epochs of the environment classifiers per local iteration")
+    shortcut_view: str = opt(
+        "features",
+        "what stage 2 decorrelates Φ_u from: 'features' = Ψ(x) (the thesis), 'disagreement' = "
+        "the environment classifiers' centred outputs ω_e(Ψ(x)) − mean_e' ω_e'(Ψ(x)) (ours)",
+    )
 
     def __post_init__(self) -> None:
+        require(
+            self.shortcut_view in ("features", "disagreement"),
+            f"algorithm.shortcut_view={self.shortcut_view!r}: use 'features' or 'disagreement'",
+        )
         for name in ("lambda_", "gamma", "alpha_th"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
         require(self.personal_epochs >= 1, "algorithm.personal_epochs must be >= 1")
@@ -103,13 +114,23 @@ class ShortcutDiscovery:
         m = self.ctx.model
         phi = features(m, params, buffers, x)
         risk = cross_entropy(head(m, params, buffers, phi), y, w)
-        psi = features(m, strip_prefix(extras, "sp/"), strip_prefix(extras, "sb/"), x).detach()
+        psi = self.shortcut(extras, x).detach()
         k = self.ctx.data.num_classes
         return risk + self.hp.gamma * conditional_cross_moment_l1(phi, psi, y, w, k)
 
+    def shortcut(self, extras: Tree, x):
+        """The discovered shortcut representation of ``x`` that stage 2 removes."""
+        params = strip_prefix(extras, "sp/")
+        psi = features(self.ctx.model, params, strip_prefix(extras, "sb/"), x)
+        if self.hp.shortcut_view == "features":
+            return psi
+        logits = self.env_logits(params, psi)  # [E, B, K]
+        return (logits - logits.mean(0)).transpose(0, 1).flatten(1)  # [B, E·K]
+
     def psi_extras(self, server: Tree) -> Tree:
         params, buffers = split_state(strip_prefix(server, "sd/"))
-        return {**with_prefix(params, "sp/"), **with_prefix(buffers, "sb/")}
+        env = {k: server[k] for k in ENV}
+        return {**with_prefix({**params, **env}, "sp/"), **with_prefix(buffers, "sb/")}
 
     def discovery_train(self, payload: Payload, cohort) -> Tree:
         """R local iterations of stage 1; returns the upload (sd/* and env.*)."""
