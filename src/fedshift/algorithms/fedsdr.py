@@ -54,6 +54,7 @@ class FedSDRHyper:
         "features",
         "what stage 2 decorrelates Φ_u from: 'features' = Ψ(x) (the thesis), 'disagreement' = "
         "the environment classifiers' centred outputs ω_e(Ψ(x)) − mean_e' ω_e'(Ψ(x)) (ours)",
+        ("features", "disagreement"),
     )
 
     def __post_init__(self) -> None:
