@@ -43,8 +43,11 @@ CASES = [
     ("fedpin", {}),
     ("fedsdr", {"personal_epochs": 1, "gamma": 0.1}),
     ("fedsdr", {"personal_epochs": 1, "gamma": 0.1, "shortcut_view": "disagreement"}),
-    ("fedsdr-fedavg", {"personal_epochs": 1, "gamma": 0.1}),
+    ("fedsdr", {"personal_epochs": 1, "gamma": 1.0, "mi_estimator": "prediction"}),
+    ("fedsdr-fedavg", {"personal_epochs": 1, "gamma": 0.1, "mi_estimator": "correlation"}),
     ("fedsdr-pfedme", {"personal_epochs": 1, "gamma": 0.1, "inner_steps": 2}),
+    ("fedsdr", {"personal_epochs": 1, "gamma": 1.0, "shortcut_view": "signature"}),
+    ("fedsdr-pfedme", {"gamma": 0.1, "inner_steps": 2, "shortcut_view": "signature"}),
     ("perinvfl", {"anneal_rounds": 1, "irm_lambda": 10.0, "personal_steps": 2}),
     ("perinvfl", {"inv": "groupdro", "personal_steps": 2}),
     ("perinvfl", {"optimizer": "sgd", "anneal_rounds": 1, "irm_lambda": 10.0}),
@@ -127,6 +130,41 @@ def test_fedsdr_disagreement_view_is_the_centred_environment_outputs():
     assert per_env.abs().max() > 1e-4
     with pytest.raises(FedshiftError, match="shortcut_view"):
         run("fedsdr", {"shortcut_view": "logits"})
+
+
+def test_fedsdr_estimator_choice_changes_the_personal_models():
+    runs = {
+        e: run("fedsdr", {"personal_epochs": 1, "gamma": 1.0, "mi_estimator": e}, rounds=1)
+        for e in ("moment", "correlation", "prediction")
+    }
+    states = {e: r.result.server for e, r in runs.items()}
+    # stage 1 does not depend on the estimator
+    torch.testing.assert_close(states["moment"], states["prediction"])
+    per_client = {e: r.metrics["per_client"] for e, r in runs.items()}
+    assert per_client["moment"] != per_client["correlation"]
+    assert per_client["correlation"] != per_client["prediction"]
+    with pytest.raises(FedshiftError, match="mi_estimator"):
+        run("fedsdr", {"mi_estimator": "kernel"})
+
+
+def test_fedsdr_signature_view_keeps_its_tables_on_the_server():
+    options = {"personal_epochs": 1, "gamma": 0.1, "shortcut_view": "signature"}
+    exp = build_experiment(
+        make_config(algorithm="fedsdr", algorithm_options=options, **{**SETTINGS, "rounds": 1}),
+        data=env_toy(),
+    )
+    exp.runner.run(None)
+    alg, server = exp.runner.alg, exp.runner.server
+    # every client reported its (environment, class) groups: each holds one environment
+    counts = server["sig/count"]
+    held = counts.sum(2) > 0  # [N, E]
+    assert held.tolist() == [[u % 2 == e for e in range(2)] for u in range(len(SIZES))]
+    assert counts.sum((1, 2)).tolist() == [float(n) for n in env_toy().train.sizes()]
+    payload = alg.configure(server, None)
+    assert not any(k in payload.broadcast for k in ("sig/sum", "sig/count", "sig/within"))
+    found = int((server["sig/proj"].abs().sum(0) > 0).sum())
+    x = env_toy().train.x[:5]
+    assert alg.shortcut(alg.psi_extras(server), x).shape == (5, found)
 
 
 def test_fedsdr_needs_environment_ids():

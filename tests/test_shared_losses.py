@@ -8,6 +8,7 @@ import torch
 
 from fedshift.algorithms.common.proximal import move_to, prox_solve, pull_towards, report_as
 from fedshift.algorithms.common.representation import (
+    conditional_correlation_l1,
     conditional_cross_moment_l1,
     contrastive_loss,
     environment_disagreement,
@@ -55,6 +56,24 @@ def test_conditional_cross_moment_by_hand():
     assert conditional_cross_moment_l1(phi, flat, y, torch.ones(3), 2).item() == 0.0
 
 
+def test_conditional_correlation_by_hand():
+    phi = torch.tensor([[1.0], [3.0], [0.0], [4.0]], dtype=D)
+    psi = torch.tensor([[2.0, 1.0], [4.0, 1.0], [1.0, 0.0], [-1.0, 2.0]], dtype=D)
+    y = torch.tensor([0, 0, 1, 1])
+    # within-class deviations: φ (−1, 1, −2, 2); ψ₀ (−1, 1, 1, −1); ψ₁ (0, 0, −1, 1)
+    # cov(φ, ψ₀) = (1 + 1 − 2 − 2)/4 = −0.5, var φ = 10/4, var ψ₀ = 1 → ρ = −0.5/√2.5
+    # cov(φ, ψ₁) = (2 + 2)/4 = 1, var ψ₁ = 2/4 → ρ = 1/√(2.5·0.5) = 1/√1.25
+    want = (0.5 / math.sqrt(2.5) + 1 / math.sqrt(1.25)) / 2
+    got = conditional_correlation_l1(phi, psi, y, torch.ones(4, dtype=D), 2, eps=0.0)
+    assert abs(got.item() - want) < 1e-9
+    # scale-free: rescaling Φ leaves it unchanged (the cross-moment would shrink 100-fold)
+    small = conditional_correlation_l1(phi / 100, psi, y, torch.ones(4, dtype=D), 2, eps=0.0)
+    assert abs(small.item() - want) < 1e-9
+    # a constant feature has no within-class variance and contributes nothing
+    const = torch.ones(4, 1, dtype=D)
+    assert conditional_correlation_l1(const, psi, y, torch.ones(4, dtype=D), 2).item() == 0.0
+
+
 def test_environment_disagreement_by_hand():
     logits = torch.tensor([[[1.0, 0.0]], [[0.0, 2.0]]])  # E=2, B=1, K=2
     # ½ Σ_{e,e'} ‖Δ‖² over both orderings = ½(5 + 5)
@@ -72,6 +91,7 @@ def test_gradcheck_representation_losses():
     assert torch.autograd.gradcheck(lambda a, b, c: contrastive_loss(a, b, c, 0.3, w), (z, p, n))
     assert torch.autograd.gradcheck(lambda a: feature_variance(a, w), (z,))
     assert torch.autograd.gradcheck(lambda a, b: conditional_cross_moment_l1(a, b, y, w, 2), (z, p))
+    assert torch.autograd.gradcheck(lambda a, b: conditional_correlation_l1(a, b, y, w, 2), (z, p))
     logits = torch.randn(3, 4, 2, dtype=D, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a: environment_disagreement(a, w), (logits,))
 

@@ -16,8 +16,15 @@ Requires environment ids in the training split (the method's known limitation).
 Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis §4.5.2).
 Not given by the thesis, ours: α_th = 1, one epoch for the environment classifiers.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
-Ours, off by default: ``shortcut_view = "disagreement"`` decorrelates Φ_u from the environment
-classifiers' centred outputs instead of Ψ(x) (docs/methods/invariant.md, measured on ``scm``).
+Ours, off by default (docs/methods/invariant.md, measured on ``scm``): what stage 2
+decorrelates Φ_u from (``shortcut_view``): ``disagreement`` = the environment classifiers'
+centred outputs; ``signature`` = Ψ(x) projected on the directions whose class-conditional means
+differ between environments more than between the clients of one environment (Lemma 4.4.1's
+Z_S ⊥ U | Y, E; each participant uploads per-(environment, class) sums of Ψ^t(x), the server
+keeps every client's last report and solves an eigenproblem, common/shortcut_signature.py;
+the view used in round t comes from the reports up to round t − 1). And how Î is estimated
+(``mi_estimator``): ``correlation`` = mean |within-class correlation| of Φ_u and the view
+(scale-free), ``prediction`` = the same between f_u's centred logits and the view.
 """
 
 from __future__ import annotations
@@ -31,16 +38,21 @@ from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
+from .common.local_stats import client_sums
 from .common.losses import cross_entropy
 from .common.representation import (
+    conditional_correlation_l1,
     conditional_cross_moment_l1,
     environment_disagreement,
     features,
     head,
     one_hot,
 )
+from .common.shortcut_signature import group_means, shortcut_directions, within_covariance
 
 ENV = ("env.weight", "env.bias")
+VIEWS = ("features", "disagreement", "signature")
+SERVER_ONLY = ("sig/sum", "sig/count", "sig/within")
 
 
 @dataclass(frozen=True)
@@ -53,14 +65,35 @@ class FedSDRHyper:
     shortcut_view: str = opt(
         "features",
         "what stage 2 decorrelates Φ_u from: 'features' = Ψ(x) (the thesis), 'disagreement' = "
-        "the environment classifiers' centred outputs ω_e(Ψ(x)) − mean_e' ω_e'(Ψ(x)) (ours)",
-        ("features", "disagreement"),
+        "the environment classifiers' centred outputs ω_e(Ψ(x)) − mean_e' ω_e'(Ψ(x)) (ours), "
+        "'signature' = Ψ(x) projected on the directions whose class means differ between "
+        "environments more than between the clients of one environment (ours)",
+        VIEWS,
+    )
+    signature_ridge: float = opt(
+        0.1, "signature view: weight of the within-class covariance in the within mean square"
+    )
+    signature_threshold: float = opt(
+        5.0, "signature view: keep the directions whose between/within ratio (F) exceeds this"
+    )
+    mi_estimator: str = opt(
+        "moment",
+        "estimator of I(Φ_u; Ψ | Y): 'moment' = L1 norm of the class-centred cross-moment "
+        "(thesis §4.4.2), 'correlation' = mean |within-class correlation| (ours, scale-free)",
+        ("moment", "correlation", "prediction"),
     )
 
     def __post_init__(self) -> None:
         require(
-            self.shortcut_view in ("features", "disagreement"),
-            f"algorithm.shortcut_view={self.shortcut_view!r}: use 'features' or 'disagreement'",
+            self.shortcut_view in VIEWS,
+            f"algorithm.shortcut_view={self.shortcut_view!r}: use one of {', '.join(VIEWS)}",
+        )
+        require(self.signature_ridge > 0, "algorithm.signature_ridge must be > 0")
+        require(self.signature_threshold >= 0, "algorithm.signature_threshold must be >= 0")
+        require(
+            self.mi_estimator in ("moment", "correlation", "prediction"),
+            f"algorithm.mi_estimator={self.mi_estimator!r}: use 'moment', 'correlation' or "
+            "'prediction'",
         )
         for name in ("lambda_", "gamma", "alpha_th"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
@@ -86,8 +119,21 @@ class ShortcutDiscovery:
             "env.weight": (torch.rand(e, k, d, generator=g) * 2 - 1) * bound,
             "env.bias": (torch.rand(e, k, generator=g) * 2 - 1) * bound,
         }
+        if self.hp.shortcut_view == "signature":
+            env.update(
+                {
+                    "sig/sum": torch.zeros(data.num_clients, e, k, d),
+                    "sig/count": torch.zeros(data.num_clients, e, k),
+                    "sig/within": torch.zeros(d, d),
+                    "sig/proj": torch.zeros(d, d),
+                }
+            )
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         return {**with_prefix(state, "sd/"), **{n: v.to(self.ctx.device) for n, v in env.items()}}
+
+    def discovery_broadcast(self, server: Tree) -> Tree:
+        """The server state minus the signature view's tables (they stay on the server)."""
+        return {k: v for k, v in server.items() if k not in SERVER_ONLY}
 
     def env_logits(self, params: Tree, z):
         return torch.einsum("bd,ekd->ebk", z, params["env.weight"]) + params["env.bias"][:, None]
@@ -114,10 +160,18 @@ class ShortcutDiscovery:
         """ℓ_SR = R(f_u) + γ·Î(Φ_u; Ψ | Y) (eq. 4.8 with the §4.4.2 estimator); Ψ in extras."""
         m = self.ctx.model
         phi = features(m, params, buffers, x)
-        risk = cross_entropy(head(m, params, buffers, phi), y, w)
+        logits = head(m, params, buffers, phi)
+        risk = cross_entropy(logits, y, w)
         psi = self.shortcut(extras, x).detach()
         k = self.ctx.data.num_classes
-        return risk + self.hp.gamma * conditional_cross_moment_l1(phi, psi, y, w, k)
+        if psi.shape[1] == 0:  # signature view before any direction was found
+            return risk
+        if self.hp.mi_estimator == "moment":
+            return risk + self.hp.gamma * conditional_cross_moment_l1(phi, psi, y, w, k)
+        if self.hp.mi_estimator == "correlation":
+            return risk + self.hp.gamma * conditional_correlation_l1(phi, psi, y, w, k)
+        scores = logits - logits.mean(1, keepdim=True)
+        return risk + self.hp.gamma * conditional_correlation_l1(scores, psi, y, w, k)
 
     def shortcut(self, extras: Tree, x):
         """The discovered shortcut representation of ``x`` that stage 2 removes."""
@@ -125,17 +179,62 @@ class ShortcutDiscovery:
         psi = features(self.ctx.model, params, strip_prefix(extras, "sb/"), x)
         if self.hp.shortcut_view == "features":
             return psi
+        if self.hp.shortcut_view == "signature":
+            return psi @ params["sig/proj"]
         logits = self.env_logits(params, psi)  # [E, B, K]
         return (logits - logits.mean(0)).transpose(0, 1).flatten(1)  # [B, E·K]
 
     def psi_extras(self, server: Tree) -> Tree:
         params, buffers = split_state(strip_prefix(server, "sd/"))
         env = {k: server[k] for k in ENV}
+        if self.hp.shortcut_view == "signature":
+            proj = server["sig/proj"]
+            env["sig/proj"] = proj[:, proj.abs().sum(0) > 0]  # the directions found so far
         return {**with_prefix({**params, **env}, "sp/"), **with_prefix(buffers, "sb/")}
+
+    def signature_stats(self, model: Tree, shared: Tree, x, y, mask) -> Tree:
+        """For ONE client's chunk, grouped by environment × class (``y`` = env·K + class):
+        counts, feature sums, and Σ Ψ(x)Ψ(x)ᵀ."""
+        params, buffers = split_state({**shared, **model})
+        z = features(self.ctx.model, params, buffers, x)
+        groups = len(self.ctx.data.train_env_names) * self.ctx.data.num_classes
+        onehot = one_hot(y, groups, z.dtype) * mask[:, None]
+        zm = z * mask[:, None]
+        return {"sig/count": onehot.sum(0), "sig/sum": onehot.T @ z, "sig/outer": zm.T @ zm}
+
+    def signature_upload(self, payload: Payload, cohort) -> Tree:
+        """Each client's statistics of the received Ψ^t, for the signature view."""
+        if self.hp.shortcut_view != "signature":
+            return {}
+        data = self.ctx.data
+        labels = data.train.env * data.num_classes + data.train.y
+        model = strip_prefix(payload.broadcast, "sd/")
+        return client_sums(self.ctx, self.signature_stats, cohort, {}, model, labels=labels)
+
+    def signature_aggregate(self, out: Tree, uploads: Tree, info: RoundInfo) -> None:
+        """Store the participants' group means, then recompute the shortcut directions from
+        every client reported so far (their last report)."""
+        if self.hp.shortcut_view != "signature":
+            return
+        e, k = len(self.ctx.data.train_env_names), self.ctx.data.num_classes
+        counts, sums = uploads["sig/count"], uploads["sig/sum"]  # [C, E·K], [C, E·K, d]
+        ids = info.ids.to(out["sig/sum"].device)
+        out["sig/sum"] = out["sig/sum"].index_copy(0, ids, sums.view(len(ids), e, k, -1))
+        out["sig/count"] = out["sig/count"].index_copy(0, ids, counts.view(len(ids), e, k))
+        if counts.sum() > 0:
+            out["sig/within"] = within_covariance(uploads["sig/outer"], sums, counts)
+        out["sig/proj"] = shortcut_directions(
+            group_means(out["sig/sum"], out["sig/count"]),
+            out["sig/count"],
+            out["sig/within"],
+            self.hp.signature_ridge,
+            self.hp.signature_threshold,
+        )
 
     def discovery_train(self, payload: Payload, cohort) -> Tree:
         """R local iterations of stage 1; returns the upload (sd/* and env.*)."""
         n, b = len(cohort), payload.broadcast
+        stats = self.signature_upload(payload, cohort)
         sd_p, sd_b = split_state(strip_prefix(b, "sd/"))
         params = stack({**sd_p, **{k: b[k] for k in ENV}}, n)
         buffers = stack(sd_b, n)
@@ -163,7 +262,8 @@ class ShortcutDiscovery:
             )
             params = out.params
         model_p = {k: v for k, v in params.items() if k not in ENV}
-        return {**with_prefix(model_state(model_p, buffers), "sd/"), **{k: params[k] for k in ENV}}
+        model = with_prefix(model_state(model_p, buffers), "sd/")
+        return {**model, **{k: params[k] for k in ENV}, **stats}
 
     def discovery_aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         out = dict(server)
@@ -184,6 +284,7 @@ class ShortcutDiscovery:
             mean = (up * r).sum(0) / r.sum(0).clamp(min=1.0)
             seen = (rho.sum(0) > 0).to(up.device).view((e,) + (1,) * (up.dim() - 2))
             out[k] = torch.where(seen, mean, server[k])  # Alg. 2 line 19
+        self.signature_aggregate(out, uploads, info)
         return out
 
 
@@ -199,7 +300,7 @@ class FedSDR(ShortcutDiscovery, Algorithm):
         return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
 
     def configure(self, server: Tree, cohort) -> Payload:
-        return Payload(broadcast=server)
+        return Payload(broadcast=self.discovery_broadcast(server))
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         # Alg. 2 lines 6-8: K epochs of the personalized model on ℓ_SR with Ψ^t

@@ -79,6 +79,9 @@ class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
     def init(self) -> Tree:
         return {**PFedMe.init(self), **self.discovery_init()}
 
+    def configure(self, server: Tree, cohort) -> Payload:
+        return Payload(broadcast=self.discovery_broadcast(server))
+
     def prox_weight(self) -> float:
         return self.hp.mu
 

@@ -34,13 +34,17 @@ def client_sums(
     cohort: Cohort,
     per_client: Tree,
     shared: Tree | None = None,
+    labels: Tensor | None = None,
 ) -> Tree:
     """Σ over chunks of ``fn(per_client_i, shared, x, y, mask)`` for every client i.
+
+    ``labels`` (aligned with the training rows) replaces y, e.g. to group by environment.
 
     ``fn`` acts on ONE client's chunk (x [m, …], y [m], mask [m] with 1 for real samples)
     and returns a tree of sums; the result is that tree stacked over the cohort.
     """
     split = ctx.data.train
+    y = split.y if labels is None else labels
     ids = cohort.ids
     sizes = split.sizes()[ids]
     m = int(sizes.max()) if sizes.numel() else 0
@@ -56,7 +60,7 @@ def client_sums(
         )
         dev = ctx.device
         out = batched(
-            per_client, shared or {}, split.x[rows.to(dev)], split.y[rows.to(dev)], mask.to(dev)
+            per_client, shared or {}, split.x[rows.to(dev)], y[rows.to(dev)], mask.to(dev)
         )
         total = out if not total else {k: total[k] + v for k, v in out.items()}
     return total

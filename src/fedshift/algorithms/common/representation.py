@@ -66,6 +66,29 @@ def conditional_cross_moment_l1(phi: Tensor, psi: Tensor, y: Tensor, w: Tensor, 
     return moment.abs().sum()
 
 
+def conditional_correlation_l1(
+    phi: Tensor, psi: Tensor, y: Tensor, w: Tensor, classes: int, eps: float = 1e-6
+):
+    """Scale-free reading of FedSDR's estimator: the mean absolute entry of the pooled
+    within-class correlation matrix between Φ and Ψ. The cross-moment of
+    ``conditional_cross_moment_l1`` divided by both within-class standard deviations, so
+    shrinking Φ no longer lowers it (for jointly Gaussian features I(Φ; Ψ | Y) depends on
+    these correlations alone)."""
+    member = one_hot(y, classes, psi.dtype)  # [B, K]
+    onehot = member * w[:, None]
+    count = onehot.sum(0).clamp(min=1.0)[:, None]
+    total = w.sum().clamp(min=1.0)
+
+    def centred(v: Tensor) -> Tensor:
+        return v - member @ ((onehot.T @ v) / count)
+
+    cp, cs = centred(phi), centred(psi)
+    cov = (cp * w[:, None]).T @ cs / total  # [d_phi, d_psi]
+    sd_p = ((cp**2 * w[:, None]).sum(0) / total + eps).sqrt()
+    sd_s = ((cs**2 * w[:, None]).sum(0) / total + eps).sqrt()
+    return (cov / (sd_p[:, None] * sd_s[None, :])).abs().mean()
+
+
 def environment_disagreement(logits: Tensor, w: Tensor) -> Tensor:
     """ℓ_dis of FedSDR's eq. (4.5): E_x[½ Σ_{e,e'} ‖ω_e(Ψ(x)) − ω_e'(Ψ(x))‖²] for ``logits``
     [E, B, K], the outputs of the E environment classifiers on the same batch."""
