@@ -33,6 +33,7 @@ as ``fedshift/configs``)::
     options = { mu = 0.01 }             # algorithm options
     set = { lr = 0.05 }                 # optional per-method RunConfig overrides
     published = { worst = 3.4, average = 51.0 }
+    # ours = true: a variant of ours, not in the paper (no published numbers; say why in notes)
 
 Every method runs on the same partitions: for seed k all methods use the scenario built
 with seed k (or ``scenario_seed`` when set), built once and shared. Each run is recorded
@@ -69,6 +70,7 @@ class Method:
     options: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     published: dict[str, float] = field(default_factory=dict)
+    ours: bool = False  # a variant of ours shown beside the paper's rows (no published number)
 
 
 @dataclass
@@ -141,6 +143,7 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
                 dict(m.get("options", {})),
                 _flatten(dict(m.get("set", {}))),
                 published,
+                bool(m.get("ours", False)),
             )
         )
     if not methods:
