@@ -52,6 +52,7 @@ from .common.shortcut_signature import group_means, shortcut_directions, within_
 
 ENV = ("env.weight", "env.bias")
 VIEWS = ("features", "disagreement", "signature")
+ESTIMATORS = ("moment", "correlation", "prediction")
 SERVER_ONLY = ("sig/sum", "sig/count", "sig/within")
 
 
@@ -79,8 +80,9 @@ class FedSDRHyper:
     mi_estimator: str = opt(
         "moment",
         "estimator of I(Φ_u; Ψ | Y): 'moment' = L1 norm of the class-centred cross-moment "
-        "(thesis §4.4.2), 'correlation' = mean |within-class correlation| (ours, scale-free)",
-        ("moment", "correlation", "prediction"),
+        "(thesis §4.4.2), 'correlation' = mean |within-class correlation| (ours, scale-free), "
+        "'prediction' = the same between f_u's centred logits and the view (ours)",
+        ESTIMATORS,
     )
 
     def __post_init__(self) -> None:
@@ -91,9 +93,8 @@ class FedSDRHyper:
         require(self.signature_ridge > 0, "algorithm.signature_ridge must be > 0")
         require(self.signature_threshold >= 0, "algorithm.signature_threshold must be >= 0")
         require(
-            self.mi_estimator in ("moment", "correlation", "prediction"),
-            f"algorithm.mi_estimator={self.mi_estimator!r}: use 'moment', 'correlation' or "
-            "'prediction'",
+            self.mi_estimator in ESTIMATORS,
+            f"algorithm.mi_estimator={self.mi_estimator!r}: use one of {', '.join(ESTIMATORS)}",
         )
         for name in ("lambda_", "gamma", "alpha_th"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
@@ -157,7 +158,8 @@ class ShortcutDiscovery:
         return ((per * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
 
     def sr_risk(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """ℓ_SR = R(f_u) + γ·Î(Φ_u; Ψ | Y) (eq. 4.8 with the §4.4.2 estimator); Ψ in extras."""
+        """ℓ_SR = R(f_u) + γ·Î(Φ_u; Ψ | Y) (eq. 4.8; Î by ``mi_estimator``, the §4.4.2
+        estimator by default); Ψ and the shortcut view's inputs in extras."""
         m = self.ctx.model
         phi = features(m, params, buffers, x)
         logits = head(m, params, buffers, phi)
