@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
+from .common.alignment import class_feature_sums
 from .common.global_model import model_state, split_state
 from .common.local_stats import client_sums
 from .common.losses import cross_entropy
@@ -197,21 +198,21 @@ class ShortcutDiscovery:
     def signature_stats(self, model: Tree, shared: Tree, x, y, mask) -> Tree:
         """For ONE client's chunk, grouped by environment × class (``y`` = env·K + class):
         counts, feature sums, and Σ Ψ(x)Ψ(x)ᵀ."""
-        params, buffers = split_state({**shared, **model})
-        z = features(self.ctx.model, params, buffers, x)
         groups = len(self.ctx.data.train_env_names) * self.ctx.data.num_classes
-        onehot = one_hot(y, groups, z.dtype) * mask[:, None]
-        zm = z * mask[:, None]
-        return {"sig/count": onehot.sum(0), "sig/sum": onehot.T @ z, "sig/outer": zm.T @ zm}
+        sums = class_feature_sums(self.ctx, {**shared, **model}, x, y, mask, groups, outer=True)
+        return with_prefix({k: sums[k] for k in ("count", "sum", "outer")}, "sig/")
 
     def signature_upload(self, payload: Payload, cohort) -> Tree:
         """Each client's statistics of the received Ψ^t, for the signature view."""
         if self.hp.shortcut_view != "signature":
             return {}
-        data = self.ctx.data
-        labels = data.train.env * data.num_classes + data.train.y
+        if getattr(self, "_group_labels", None) is None:  # environment·K + class, per row
+            data = self.ctx.data
+            self._group_labels = data.train.env * data.num_classes + data.train.y
         model = strip_prefix(payload.broadcast, "sd/")
-        return client_sums(self.ctx, self.signature_stats, cohort, {}, model, labels=labels)
+        return client_sums(
+            self.ctx, self.signature_stats, cohort, {}, model, labels=self._group_labels
+        )
 
     def signature_aggregate(self, out: Tree, uploads: Tree, info: RoundInfo) -> None:
         """Store the participants' group means, then recompute the shortcut directions from

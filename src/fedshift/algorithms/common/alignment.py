@@ -13,16 +13,30 @@ from .losses import cross_entropy
 from .split import classify, features
 
 
-def class_feature_sums(ctx: Context, model: Tree, x: Tensor, y: Tensor, mask: Tensor) -> Tree:
-    """For ONE client's chunk: per class k, the count, Σ Φ(x) and Σ ‖Φ(x)‖² of its samples.
+def class_feature_sums(
+    ctx: Context,
+    model: Tree,
+    x: Tensor,
+    y: Tensor,
+    mask: Tensor,
+    groups: int | None = None,
+    outer: bool = False,
+) -> Tree:
+    """For ONE client's chunk: per class k, the count, Σ Φ(x) and Σ ‖Φ(x)‖² of its samples;
+    with ``outer`` also Σ Φ(x)Φ(x)ᵀ over all of them. ``groups`` (default: the classes) is
+    the number of distinct labels in ``y`` when it holds another grouping.
 
     ``model`` holds ``p/…`` parameters and ``b/…`` buffers (the extractor's are used).
     """
     params = {k[2:]: v for k, v in model.items() if k.startswith("p/")}
     buffers = {k[2:]: v for k, v in model.items() if k.startswith("b/")}
     z = features(ctx, params, buffers, x)
-    onehot = F.one_hot(y, ctx.data.num_classes).to(z.dtype) * mask.unsqueeze(1)  # [m, K]
-    return {"count": onehot.sum(0), "sum": onehot.T @ z, "sq": onehot.T @ (z**2).sum(1)}
+    onehot = F.one_hot(y, groups or ctx.data.num_classes).to(z.dtype) * mask.unsqueeze(1)
+    out = {"count": onehot.sum(0), "sum": onehot.T @ z, "sq": onehot.T @ (z**2).sum(1)}
+    if outer:
+        zm = z * mask.unsqueeze(1)
+        out["outer"] = zm.T @ zm
+    return out
 
 
 def alignment_loss(z: Tensor, y: Tensor, w: Tensor, targets: Tensor) -> Tensor:

@@ -54,14 +54,19 @@ def contrastive_loss(z: Tensor, positive: Tensor, negatives: Tensor, tau: float,
     return weighted_mean(torch.logsumexp(logits, dim=1) - pos, w)
 
 
+def class_centred(v: Tensor, y: Tensor, w: Tensor, classes: int) -> Tensor:
+    """``v`` [B, d] minus the weighted mean of its rows with the same label."""
+    member = one_hot(y, classes, v.dtype)  # [B, K]
+    onehot = member * w[:, None]
+    class_mean = (onehot.T @ v) / onehot.sum(0).clamp(min=1.0)[:, None]  # [K, d]
+    return v - member @ class_mean
+
+
 def conditional_cross_moment_l1(phi: Tensor, psi: Tensor, y: Tensor, w: Tensor, classes: int):
     """FedSDR's estimator of I(Φ; Ψ | Y) (thesis §4.4.2):
     ‖ (1/M) Σ_m Φ(x_m) ⊗ (Ψ(x_m) − mean of Ψ over the batch samples with label y_m) ‖₁,
     the L1 norm of the cross-moment matrix between Φ and the class-centred Ψ."""
-    member = one_hot(y, classes, psi.dtype)  # [B, K]
-    onehot = member * w[:, None]
-    class_mean = (onehot.T @ psi) / onehot.sum(0).clamp(min=1.0)[:, None]  # [K, d_psi]
-    centred = psi - member @ class_mean
+    centred = class_centred(psi, y, w, classes)
     moment = (phi * w[:, None]).T @ centred / w.sum().clamp(min=1.0)  # [d_phi, d_psi]
     return moment.abs().sum()
 
@@ -74,15 +79,8 @@ def conditional_correlation_l1(
     ``conditional_cross_moment_l1`` divided by both within-class standard deviations, so
     shrinking Φ no longer lowers it (for jointly Gaussian features I(Φ; Ψ | Y) depends on
     these correlations alone)."""
-    member = one_hot(y, classes, psi.dtype)  # [B, K]
-    onehot = member * w[:, None]
-    count = onehot.sum(0).clamp(min=1.0)[:, None]
     total = w.sum().clamp(min=1.0)
-
-    def centred(v: Tensor) -> Tensor:
-        return v - member @ ((onehot.T @ v) / count)
-
-    cp, cs = centred(phi), centred(psi)
+    cp, cs = class_centred(phi, y, w, classes), class_centred(psi, y, w, classes)
     cov = (cp * w[:, None]).T @ cs / total  # [d_phi, d_psi]
     sd_p = ((cp**2 * w[:, None]).sum(0) / total + eps).sqrt()
     sd_s = ((cs**2 * w[:, None]).sum(0) / total + eps).sqrt()
