@@ -96,7 +96,9 @@ def test_tiny_table_end_to_end(tiny, tmp_path):
     comp = out["comparison"]
     assert set(comp) == {"worst", "average"}
     for c in comp.values():
-        assert c["methods"] == 4 and -1.0 <= c["spearman"] <= 1.0 and -1.0 <= c["kendall"] <= 1.0
+        assert c["methods"] == 4 - len(c["degenerate"])
+        if c["methods"] >= 3:
+            assert -1.0 <= c["spearman"] <= 1.0 and -1.0 <= c["kendall"] <= 1.0
         assert len(c["published_order"]) == 4
     gaps = comp["average"]["gaps"]  # published averages 60, 52, 50, 40: gaps ≥ 5
     pairs = {(g["better"], g["worse"]) for g in gaps}
@@ -107,16 +109,17 @@ def test_tiny_table_end_to_end(tiny, tmp_path):
         ("FedProx", "Local"),
         ("FedAvg", "Local"),
     }
-    for g in gaps:
-        ours = {m["name"]: m["ours"]["average"] for m in out["methods"]}
-        assert g["holds"] == (ours[g["better"]] > ours[g["worse"]])
+    ours = {m["name"]: m["ours"]["average"] for m in out["methods"]}
+    for g in gaps:  # two seeds are too few to tell a gap from seed noise: none can hold
+        assert g["our_gap"] == pytest.approx(ours[g["better"]] - ours[g["worse"]], abs=0.01)
+        assert g["status"] in ("untested", "degenerate") and not g["holds"]
     # the report: published beside ours, the ordering, the plots
     text = (tmp_path / "report" / "report.md").read_text()
     assert "worst (published)" in text and "worst (ours)" in text
     assert "| FedAvg | `fedavg` | 10.0 |" in text
     assert re.search(r"\| FedAvg \| `fedavg` \| 10\.0 \| \d+\.\d ± \d+\.\d \| 50\.0 \|", text)
     assert "Spearman" in text and "Kendall" in text and "Published order: FTFA > FedProx" in text
-    assert "that our numbers keep:" in text
+    assert "held beyond seed noise: 0 of 5" in text
     for f in ("accuracy_per_env.png", "published_vs_ours.png", "runs/report.md"):
         assert (tmp_path / "report" / f).is_file()
 

@@ -69,8 +69,9 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
     envs = list(rows[0][1]["per_env"]) if rows else []
     table = Table(title=title)
     table.add_column("test environment")
-    for name, _ in rows:
-        table.add_column(name, justify="right")
+    for name, m in rows:
+        mark = " †" if m.get("degenerate") and "†" not in name else ""
+        table.add_column(name + mark, justify="right")
 
     def cell(i: int, m: dict, get) -> str:
         if std is None:
@@ -91,6 +92,11 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
             label,
             *[cell(i, m, lambda d, key=key: d[key]) for i, (_, m) in enumerate(rows)],
             style="bold",
+        )
+    if any(m.get("degenerate") for _, m in rows):
+        table.caption = (
+            "† degenerate: the model answers one class everywhere or never left chance-level "
+            "training loss; its accuracies are no result"
         )
     return table
 

@@ -59,8 +59,10 @@ from .errors import FedshiftError
 from .eval.metrics import mean_std
 
 CONFIG_PACKAGE = "fedshift.configs"
-METRICS = ("worst", "average", "worst_client")
-ALIASES = {"accuracy": "average"}
+METRICS = ("worst", "average", "worst_client", "average_pooled")
+# "accuracy" = the client-averaged mean; "accuracy_pooled" = Σ correct / Σ samples (the pFedMe
+# code's, which the thesis's Table 3.1 builds on)
+ALIASES = {"accuracy": "average", "accuracy_pooled": "average_pooled"}
 
 
 @dataclass
@@ -129,7 +131,8 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
     bad = [m for m in metrics if m not in METRICS]
     if bad:
         raise FedshiftError(
-            f"table metrics {bad} are not known; use worst, average, worst_client or accuracy"
+            f"table metrics {bad} are not known; use worst, average, worst_client, accuracy "
+            "or accuracy_pooled"
         )
     methods = []
     for i, m in enumerate(raw.get("method", [])):
@@ -237,17 +240,34 @@ class MethodResult:
     std: dict[str, float | None]
     per_env_mean: dict[str, float | None]
 
+    @property
+    def degenerate_seeds(self) -> int:
+        return sum(bool(s.get("degenerate")) for s in self.per_seed)
+
+    @property
+    def degenerate(self) -> bool:
+        """Any seed's model answered one class everywhere or never left chance loss."""
+        return self.degenerate_seeds > 0
+
+    def values(self, metric: str) -> list[float | None]:
+        return [s.get(metric) for s in self.per_seed]
+
 
 def _combine_sweep(metrics: list[dict], label: str, values: list) -> dict:
     """The runs of a sweep as one result: each run's average accuracy is an environment."""
     per_env = {f"{label}={v}": m["average"] for v, m in zip(values, metrics, strict=True)}
     ok = [v for v in per_env.values() if v is not None]
     clients = [m["worst_client"] for m in metrics if m["worst_client"] is not None]
+    bad = [m for m in metrics if m.get("degenerate")]
+    pooled = [m["average_pooled"] for m in metrics if m.get("average_pooled") is not None]
     return {
+        "average_pooled": sum(pooled) / len(pooled) if pooled else None,
         "worst": min(ok) if ok else None,
         "average": sum(ok) / len(ok) if ok else None,
         "worst_client": min(clients) if clients else None,
         "per_env": per_env,
+        "degenerate": bool(bad),
+        "degenerate_why": bad[0].get("degenerate_why") if bad else None,
     }
 
 
@@ -342,7 +362,7 @@ def run_table(
                 per_seed.append(sweep_metrics[0])
         mean, std = {}, {}
         for key in METRICS:
-            mean[key], std[key] = _mean_std([s[key] for s in per_seed])
+            mean[key], std[key] = _mean_std([s.get(key) for s in per_seed])
             if k == 1:  # one seed: no spread to report
                 std[key] = None
         envs = list(per_seed[0]["per_env"])
@@ -359,41 +379,94 @@ def _mean_std(values: list) -> tuple[float | None, float | None]:
 # ---------------------------------------------------------------- comparison
 
 
+MIN_SEEDS = 3  # a published gap is tested only with at least this many seeds per method
+ALPHA = 0.05  # one-sided paired t-test level for "our difference exceeds the seed noise"
+
+
+def gap_test(better: list, worse: list) -> tuple[str, float | None]:
+    """Whether our numbers keep a published gap ``better > worse``, beyond seed noise.
+
+    Every method runs on the same partitions for a given seed, so the seeds pair: a
+    one-sided paired t-test (SciPy's ``ttest_rel``) of our per-seed differences. Returns a
+    status — ``held`` (right sign, p < ALPHA), ``within noise`` (right sign, not
+    significant), ``tie`` (equal means), ``reversed`` (wrong sign, significant the other
+    way), ``reversed, within noise``, or ``untested`` (fewer than MIN_SEEDS paired seeds) —
+    and the p-value of the published direction.
+    """
+    from scipy.stats import ttest_rel
+
+    pairs = [(a, b) for a, b in zip(better, worse, strict=False) if a is not None and b is not None]
+    diffs = [a - b for a, b in pairs]
+    if not diffs:
+        return "untested", None
+    mean = sum(diffs) / len(diffs)
+    if len(diffs) < MIN_SEEDS:
+        return "untested", None
+    if all(d == diffs[0] for d in diffs):  # no spread: the sign alone decides
+        p = 0.0 if mean > 0 else 1.0
+    else:
+        p = float(
+            ttest_rel([a for a, _ in pairs], [b for _, b in pairs], alternative="greater").pvalue
+        )
+    if mean == 0:
+        return "tie", p
+    if mean > 0:
+        return ("held" if p < ALPHA else "within noise"), p
+    return ("reversed" if 1.0 - p < ALPHA else "reversed, within noise"), p
+
+
 def compare(table: Table, results: list[MethodResult]) -> dict[str, dict]:
     """Per published metric: Spearman / Kendall rank correlation between the published
-    and our means, and every published gap ≥ ``table.gap`` with whether ours keeps it."""
+    and our means over the methods whose models are not degenerate, and every published
+    gap ≥ ``table.gap`` with its :func:`gap_test` status. A gap with a degenerate model on
+    either side is never held (status ``degenerate``)."""
     from scipy.stats import kendalltau, spearmanr
 
     out = {}
     for metric in table.metrics:
-        rows = [
-            (r.method.name, r.method.published[metric], r.mean[metric])
-            for r in results
-            if metric in r.method.published and r.mean[metric] is not None
-        ]
-        entry: dict[str, Any] = {"methods": len(rows), "spearman": None, "kendall": None}
-        if len(rows) >= 3:
-            pub = [p for _, p, _ in rows]
-            ours = [o for _, _, o in rows]
+        scored = [r for r in results if metric in r.method.published and r.mean[metric] is not None]
+        rows = [(r.method.name, r.method.published[metric], r.mean[metric]) for r in scored]
+        sound = [row for row, r in zip(rows, scored, strict=True) if not r.degenerate]
+        entry: dict[str, Any] = {
+            "methods": len(sound),
+            "degenerate": [r.method.name for r in scored if r.degenerate],
+            "spearman": None,
+            "kendall": None,
+        }
+        if len(sound) >= 3:
+            pub = [p for _, p, _ in sound]
+            ours = [o for _, _, o in sound]
             rho = spearmanr(pub, ours).statistic
             tau = kendalltau(pub, ours).statistic
             entry["spearman"] = None if math.isnan(rho) else float(rho)
             entry["kendall"] = None if math.isnan(tau) else float(tau)
         gaps = []
-        for (a, pa, oa), (b, pb, ob) in itertools.permutations(rows, 2):
-            if pa - pb >= table.gap:
-                gaps.append(
-                    {
-                        "better": a,
-                        "worse": b,
-                        "published_gap": round(pa - pb, 2),
-                        "our_gap": round(oa - ob, 2),
-                        "holds": oa > ob,
-                    }
-                )
+        for ra, rb in itertools.permutations(scored, 2):
+            pa, pb = ra.method.published[metric], rb.method.published[metric]
+            if pa - pb < table.gap:
+                continue
+            if ra.degenerate or rb.degenerate:
+                status, p = "degenerate", None
+            else:
+                status, p = gap_test(ra.values(metric), rb.values(metric))
+            gaps.append(
+                {
+                    "better": ra.method.name,
+                    "worse": rb.method.name,
+                    "published_gap": round(pa - pb, 2),
+                    "our_gap": round(ra.mean[metric] - rb.mean[metric], 2),
+                    "status": status,
+                    "p_value": None if p is None else round(p, 4),
+                    "holds": status == "held",
+                }
+            )
         gaps.sort(key=lambda g: -g["published_gap"])
         entry["gaps"] = gaps
         entry["gaps_held"] = sum(g["holds"] for g in gaps)
+        entry["gap_status"] = {
+            st: sum(g["status"] == st for g in gaps)
+            for st in dict.fromkeys(g["status"] for g in gaps)
+        }
         entry["published_order"] = [n for n, _, _ in sorted(rows, key=lambda r: -r[1])]
         entry["our_order"] = [n for n, _, _ in sorted(rows, key=lambda r: -r[2])]
         out[metric] = entry
@@ -435,7 +508,7 @@ def write_reproduction_report(
     head += ["runs"]
     rows = []
     for r in results:
-        row = [r.method.name, f"`{r.method.algorithm}`"]
+        row = [r.method.name + degenerate_mark(r), f"`{r.method.algorithm}`"]
         for m in table.metrics:
             row += [_f(r.method.published.get(m)), _pm(r.mean[m], r.std[m])]
         row.append(str(len(r.run_ids)))
@@ -467,29 +540,53 @@ def write_reproduction_report(
     if table.notes:
         parts.append(f"Notes: {table.notes}")
     parts.append(_md_table(head, rows))
+    bad = [r for r in results if r.degenerate]
+    if bad:
+        parts.append(
+            "**Degenerate models** (marked †: a model that answers one class everywhere, or "
+            "whose training loss stayed at ln K; they count in no gap and no rank "
+            "correlation): "
+            + "; ".join(
+                f"{r.method.name} ({r.degenerate_seeds} of {len(r.per_seed)} seeds: "
+                f"{next(s.get('degenerate_why') for s in r.per_seed if s.get('degenerate'))})"
+                for r in bad
+            )
+            + "."
+        )
     parts.append("## Ordering compared")
+    parts.append(
+        f"A published gap of at least {table.gap:g} points is **held** only when our "
+        f"difference has the published sign and exceeds the seed noise: a one-sided paired "
+        f"t-test over seeds (every method ran on the same partitions for a seed) with "
+        f"p < {ALPHA:g}, and at least {MIN_SEEDS} seeds. Otherwise its status says why: "
+        "*within noise*, *tie*, *reversed* (significant the other way), *reversed, within "
+        "noise*, *untested* (fewer seeds) or *degenerate*. Rank correlations leave out "
+        "degenerate models."
+    )
     for metric, c in comparison.items():
         lines = [
-            f"**{metric}** over {c['methods']} methods: Spearman ρ = {_f(c['spearman'], 2)}, "
-            f"Kendall τ = {_f(c['kendall'], 2)}.",
+            f"**{metric}** over {c['methods']} non-degenerate methods: Spearman ρ = "
+            f"{_f(c['spearman'], 2)}, Kendall τ = {_f(c['kendall'], 2)}.",
             f"Published order: {' > '.join(c['published_order']) or '—'}.",
             f"Our order: {' > '.join(c['our_order']) or '—'}.",
         ]
         if c["gaps"]:
+            counts = ", ".join(f"{v} {k}" for k, v in c["gap_status"].items())
             lines.append(
-                f"Published gaps of at least {table.gap:g} points that our numbers keep: "
-                f"{c['gaps_held']} of {len(c['gaps'])}."
+                f"Published gaps of at least {table.gap:g} points held beyond seed noise: "
+                f"{c['gaps_held']} of {len(c['gaps'])} ({counts})."
             )
             lines.append(
                 _md_table(
-                    ["better", "worse", "published gap", "our gap", "holds"],
+                    ["better", "worse", "published gap", "our gap", "p", "status"],
                     [
                         [
                             g["better"],
                             g["worse"],
                             _f(g["published_gap"]),
                             _f(g["our_gap"]),
-                            "yes" if g["holds"] else "**no**",
+                            _f(g["p_value"], 3),
+                            g["status"] if g["holds"] else f"**{g['status']}**",
                         ]
                         for g in c["gaps"]
                     ],
@@ -507,7 +604,7 @@ def write_reproduction_report(
             "algorithm": r.method.name,
             "run_id": f"mean of {len(r.per_seed)} seed(s)",
             "config": {},
-            "metrics": {"per_env": r.per_env_mean},
+            "metrics": {"per_env": r.per_env_mean, "degenerate": r.degenerate},
         }
         for r in results
     ]
@@ -526,6 +623,10 @@ def write_reproduction_report(
     return path
 
 
+def degenerate_mark(r: MethodResult) -> str:
+    return " †degenerate" if r.degenerate else ""
+
+
 def _plot_published(table: Table, results: list[MethodResult], path: Path) -> bool:
     import matplotlib
 
@@ -536,7 +637,7 @@ def _plot_published(table: Table, results: list[MethodResult], path: Path) -> bo
     drawn = False
     for metric, marker in zip(table.metrics, "os^", strict=False):
         pts = [
-            (r.method.published[metric], r.mean[metric], r.method.name)
+            (r.method.published[metric], r.mean[metric], r.method.name + degenerate_mark(r))
             for r in results
             if metric in r.method.published and r.mean[metric] is not None
         ]
@@ -573,6 +674,8 @@ def summary(table: Table, results: list[MethodResult], skipped, comparison, repo
                 "published": r.method.published,
                 "ours": {m: r.mean[m] for m in METRICS},
                 "ours_std": {m: r.std[m] for m in METRICS},
+                "degenerate": r.degenerate,
+                "degenerate_seeds": r.degenerate_seeds,
                 "run_ids": r.run_ids,
             }
             for r in results

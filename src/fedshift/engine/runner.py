@@ -19,8 +19,8 @@ from torch import Tensor
 from ..algorithms.base import Algorithm, RoundInfo
 from ..data.federated import Split
 from ..errors import FedshiftError
-from ..eval.evaluate import correct_counts
-from ..eval.metrics import accuracy_percent, summarize
+from ..eval.evaluate import label_counts, prediction_counts
+from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
 from .checkpoint import save_checkpoint
 from .context import Context
 from .faults import FaultOptions, corrupt, finite, injected_fault, screen
@@ -197,29 +197,31 @@ class Runner:
             w_in.append(torch.tensor([p["num_examples"]]))
         return torch.cat(ids_in), torch.cat(w_in), concat(parts)
 
-    def accuracy(self, splits: dict[str, Split], round_: int) -> Tensor:
-        """[N, E] percent accuracy of every client's predictor on each split."""
-        n = self.ctx.data.num_clients
-        correct = torch.zeros(n, len(splits), dtype=torch.int64)
-        total = torch.zeros(n, len(splits), dtype=torch.int64)
+    def counts(self, splits: dict[str, Split], round_: int) -> EvalCounts:
+        """Every client's predictor on each split: correct and total [N, E], predicted and
+        true class counts [N, K] summed over the splits."""
+        n, k = self.ctx.data.num_clients, self.ctx.data.num_classes
+        out = EvalCounts.zeros(n, len(splits), k)
         for chunk in self.chunks(torch.arange(n)):
             cohort = self.ctx.cohort(chunk, round_)
             pred = self.alg.predictor(self.server, self.store.take(chunk, self.ctx.device), cohort)
             for j, split in enumerate(splits.values()):
-                c, t = correct_counts(
+                c, t, guessed = prediction_counts(
                     self.ctx, pred.params, pred.buffers, pred.shared, split, chunk
                 )
-                correct[chunk, j] = c
-                total[chunk, j] = t
-        return accuracy_percent(correct, total)
+                out.correct[chunk, j] = c
+                out.total[chunk, j] = t
+                out.predicted[chunk] += guessed
+                out.labels[chunk] += label_counts(split, chunk, k)
+        return out
 
     def evaluate(self, round_: int) -> tuple[Tensor, dict, Tensor | None, float | None]:
         data = self.ctx.data
-        acc = self.accuracy(data.test, round_)
-        summary = summarize(acc, data.test_env_names)
+        test = self.counts(data.test, round_)
+        acc, summary = test.summary(data.test_env_names)
         val_acc, val = None, None
         if data.val:
-            val_acc = self.accuracy(data.val, round_)
+            val_acc = self.counts(data.val, round_).percent()
             val = summarize(val_acc, list(data.val))["average"]
         return acc, summary, val_acc, val
 
@@ -272,6 +274,8 @@ class Runner:
                 acc, summary, val_acc, val = self.evaluate(r)
                 rec.metrics, rec.val = summary, val
                 if last:
+                    losses = [x.loss for x in result.rounds] + [rec.loss]
+                    flag_chance_loss(summary, losses, self.ctx.data.num_classes)
                     result.accuracy, result.metrics, result.val_accuracy = acc, summary, val_acc
             result.rounds.append(rec)
             result.bytes_up += rec.bytes_up

@@ -35,28 +35,61 @@ def correct_counts(
     ctx: Context, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Correct predictions and sample counts per client of ``ids`` on ``split`` ([C] each)."""
+    correct, sizes, _ = prediction_counts(ctx, params, buffers, shared, split, ids)
+    return correct, sizes
+
+
+@torch.no_grad()
+def prediction_counts(
+    ctx: Context, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Correct predictions [C], sample counts [C] and predicted-class counts [C, K] per
+    client of ``ids`` on ``split``; the class counts let reports tell a model that reads the
+    input from one that answers the same class everywhere (eval/metrics.constant_clients)."""
+    k = ctx.data.num_classes
     rows, valid, sizes = _rows(split, ids)
     c, m = rows.shape
     correct = torch.zeros(c, dtype=torch.int64)
+    predicted = torch.zeros(c, k, dtype=torch.int64)
     if m == 0:
-        return correct, sizes
+        return correct, sizes, predicted
     dev = split.x.device
     ctx.model.eval()
     if shared:
         flat_rows, owner = rows[valid], torch.arange(c).unsqueeze(1).expand(c, m)[valid]
         for lo in range(0, flat_rows.numel(), EVAL_BATCH):
             r = flat_rows[lo : lo + EVAL_BATCH].to(dev)
-            hit = ctx.forward(params, buffers, split.x[r]).argmax(-1) == split.y[r]
-            correct += torch.bincount(owner[lo : lo + EVAL_BATCH], hit.cpu().long(), c).long()
-        return correct, sizes
+            who = owner[lo : lo + EVAL_BATCH]
+            guess = ctx.forward(params, buffers, split.x[r]).argmax(-1).cpu()
+            hit = guess == split.y[r].cpu()
+            correct += torch.bincount(who, hit.long(), c).long()
+            predicted += torch.bincount(who * k + guess, minlength=c * k).view(c, k)
+        return correct, sizes, predicted
 
     def predict(p, b, x):
         return ctx.forward(p, b, x).argmax(-1)
 
     batched = vmap(predict)
     step = max(1, EVAL_BATCH // c)
+    owner = torch.arange(c).unsqueeze(1)
     for lo in range(0, m, step):
         r = rows[:, lo : lo + step].to(dev)
-        hit = (batched(params, buffers, split.x[r]) == split.y[r]).cpu()
-        correct += (hit & valid[:, lo : lo + step]).sum(1)
-    return correct, sizes
+        ok = valid[:, lo : lo + step]
+        guess = batched(params, buffers, split.x[r]).cpu()
+        hit = guess == split.y[r].cpu()
+        correct += (hit & ok).sum(1)
+        index = (owner * k + guess)[ok]
+        predicted += torch.bincount(index, minlength=c * k).view(c, k)
+    return correct, sizes, predicted
+
+
+def label_counts(split: Split, ids: Tensor, num_classes: int) -> Tensor:
+    """Per-class sample counts [C, K] of the clients ``ids`` on ``split``."""
+    rows, valid, _ = _rows(split, ids)
+    if rows.shape[1] == 0:
+        return torch.zeros(len(ids), num_classes, dtype=torch.int64)
+    owner = torch.arange(len(ids)).unsqueeze(1).expand_as(rows)[valid]
+    y = split.y[rows[valid]].cpu().long()
+    return torch.bincount(owner * num_classes + y, minlength=len(ids) * num_classes).view(
+        len(ids), num_classes
+    )

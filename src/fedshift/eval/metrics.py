@@ -4,20 +4,43 @@ For each test environment the accuracy is averaged over clients (unweighted, cli
 without data in that environment skipped); worst = min and average = mean over
 environments (thesis §4.5.3, §5.6.2); per-client accuracy = mean over that client's
 environments, worst_client = its minimum (UCFL Table II). All values are percentages.
+``average_pooled`` weights clients by their samples instead (Σ correct / Σ samples per
+environment, then the mean over environments): the accuracy of the pFedMe code that the
+thesis's Table 3.1 builds on.
+
+A model can score a respectable worst case by answering one class everywhere (flat at the
+majority-class rate). :func:`degeneracy` flags it, so reports never count it as a result:
+a client's predictor is *constant* when at least ``CONSTANT_SHARE`` of its test predictions
+are one class and that share exceeds the share of the client's most common label by
+``CONSTANT_MARGIN`` (a client whose labels are 97 % one class may rightly predict it 97 %
+of the time); a run is *degenerate* when most clients' predictors are constant, or when
+its training loss stays at ln K (chance) over the last rounds.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
 
+CONSTANT_SHARE = 0.95  # a predictor answering one class for ≥ 95 % of its test rows …
+CONSTANT_MARGIN = 0.05  # … 5 points more often than that client's most common label
+CHANCE_TOLERANCE = 0.01  # training loss within 1 % of ln K counts as "at chance"
 
-def summarize(acc: Tensor, env_names: list[str]) -> dict:
-    """``acc`` [N, E] in percent with NaN where a client has no data for an environment."""
+
+def summarize(
+    acc: Tensor,
+    env_names: list[str],
+    counts: tuple[Tensor, Tensor] | None = None,
+    constant: Tensor | None = None,
+) -> dict:
+    """``acc`` [N, E] in percent with NaN where a client has no data for an environment;
+    ``counts`` (correct, total) [N, E] add the sample-weighted figures, ``constant`` [N]
+    (:func:`constant_clients`) the degeneracy check."""
     a = acc.double().numpy()
     with warnings.catch_warnings():  # an all-NaN row/column (no data) is allowed: it gives None
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -32,7 +55,63 @@ def summarize(acc: Tensor, env_names: list[str]) -> dict:
         "worst_client": min(client_ok) if client_ok else None,
         "per_env": per_env,
         "per_client": [_clean(v) for v in per_client_vals],
+        **(_pooled(*counts, env_names) if counts is not None else {}),
+        **(_constant_summary(constant) if constant is not None else {}),
     }
+
+
+def _pooled(correct: Tensor, total: Tensor, env_names: list[str]) -> dict:
+    """Σ correct / Σ samples over clients per environment, and its worst and mean."""
+    c, t = correct.sum(0).double(), total.sum(0).double()
+    per_env = {
+        e: (100.0 * float(ci / ti) if ti > 0 else None)
+        for e, ci, ti in zip(env_names, c, t, strict=True)
+    }
+    ok = [v for v in per_env.values() if v is not None]
+    return {
+        "per_env_pooled": per_env,
+        "worst_pooled": min(ok) if ok else None,
+        "average_pooled": float(np.mean(ok)) if ok else None,
+    }
+
+
+def constant_clients(predicted: Tensor, labels: Tensor) -> Tensor:
+    """[N] bool: client i's predictor answers one class (see the module docstring), from
+    its predicted-class and label counts [N, K] summed over the test environments."""
+    n_pred = predicted.sum(1).clamp(min=1).double()
+    n_lab = labels.sum(1).clamp(min=1).double()
+    pred_share = predicted.max(1).values.double() / n_pred
+    label_share = labels.max(1).values.double() / n_lab
+    has_data = predicted.sum(1) > 0
+    return has_data & (pred_share >= CONSTANT_SHARE) & (pred_share >= label_share + CONSTANT_MARGIN)
+
+
+def _constant_summary(constant: Tensor) -> dict:
+    n = int(constant.numel())
+    k = int(constant.sum())
+    degenerate = n > 0 and 2 * k > n
+    why = f"{k} of {n} clients' models predict one class everywhere" if degenerate else None
+    return {"constant_clients": k, "degenerate": degenerate, "degenerate_why": why}
+
+
+def loss_at_chance(losses: list[float], num_classes: int, rounds: int) -> bool:
+    """The training loss stayed within ``CHANCE_TOLERANCE`` of ln K over the last
+    max(3, 10 %) rounds: nothing was learned (a constant predictor's risk)."""
+    tail = max(3, math.ceil(0.1 * rounds))
+    if num_classes < 2 or len(losses) < tail:
+        return False
+    chance = math.log(num_classes)
+    last = losses[-tail:]
+    return all(math.isfinite(v) and abs(v - chance) <= CHANCE_TOLERANCE * chance for v in last)
+
+
+def flag_chance_loss(metrics: dict, losses: list[float], num_classes: int) -> dict:
+    """Mark ``metrics`` degenerate (in place, and returned) when the loss stayed at ln K."""
+    if metrics and loss_at_chance(losses, num_classes, len(losses)):
+        metrics["degenerate"] = True
+        why = f"training loss stayed at ln {num_classes} = {math.log(num_classes):.4f}"
+        metrics["degenerate_why"] = "; ".join(filter(None, [metrics.get("degenerate_why"), why]))
+    return metrics
 
 
 def _clean(v: float) -> float | None:
@@ -56,16 +135,53 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def over_seeds(summaries: list[dict]) -> tuple[dict, dict]:
     """Mean and standard deviation over seeds of each summary number (worst, average,
-    worst_client, every per_env entry and every per_client entry)."""
+    worst_client, the pooled figures, every per_env entry and every per_client entry). The
+    mean is ``degenerate`` when any seed is (``degenerate_seeds`` counts them): an average
+    over seeds must not hide a seed that learned nothing."""
 
     def combine(fn):
         out = {}
-        for key in ("worst", "average", "worst_client"):
-            out[key] = fn([s[key] for s in summaries])
+        for key in ("worst", "average", "worst_client", "worst_pooled", "average_pooled"):
+            if all(key in s for s in summaries):
+                out[key] = fn([s[key] for s in summaries])
         envs = summaries[0]["per_env"]
         out["per_env"] = {e: fn([s["per_env"][e] for s in summaries]) for e in envs}
         n = len(summaries[0]["per_client"])
         out["per_client"] = [fn([s["per_client"][i] for s in summaries]) for i in range(n)]
         return out
 
-    return combine(lambda v: mean_std(v)[0]), combine(lambda v: mean_std(v)[1])
+    mean = combine(lambda v: mean_std(v)[0])
+    if any("degenerate" in s for s in summaries):
+        bad = [s for s in summaries if s.get("degenerate")]
+        mean["degenerate"] = bool(bad)
+        mean["degenerate_seeds"] = len(bad)
+        mean["degenerate_why"] = bad[0].get("degenerate_why") if bad else None
+    return mean, combine(lambda v: mean_std(v)[1])
+
+
+@dataclass
+class EvalCounts:
+    """What one evaluation counted: correct and total [N, E] per client and environment,
+    predicted and true class counts [N, K] per client summed over the environments."""
+
+    correct: Tensor
+    total: Tensor
+    predicted: Tensor
+    labels: Tensor
+
+    @classmethod
+    def zeros(cls, clients: int, envs: int, classes: int) -> EvalCounts:
+        def z(*shape):
+            return torch.zeros(*shape, dtype=torch.int64)
+
+        return cls(z(clients, envs), z(clients, envs), z(clients, classes), z(clients, classes))
+
+    def percent(self) -> Tensor:
+        return accuracy_percent(self.correct, self.total)
+
+    def summary(self, env_names: list[str]) -> tuple[Tensor, dict]:
+        """The [N, E] accuracy and its :func:`summarize` with pooled figures and the
+        degeneracy check."""
+        acc = self.percent()
+        constant = constant_clients(self.predicted, self.labels)
+        return acc, summarize(acc, env_names, (self.correct, self.total), constant)

@@ -30,7 +30,7 @@ from flwr.clientapp import ClientApp
 from ..algorithms.base import Payload
 from ..engine.tree import Tree, stack
 from ..errors import FedshiftError
-from ..eval.evaluate import correct_counts
+from ..eval.evaluate import label_counts, prediction_counts
 from ..experiment import Experiment, build_experiment
 from .records import config_from_json, from_record, to_record
 
@@ -173,13 +173,20 @@ def evaluate(message: Message, context: Context) -> Message:
     server = from_record(message.content.array_records.get("server", ArrayRecord()), ctx.device)
     pred = exp.algorithm.predictor(server, _load_state(exp, context, job), cohort)
     counts: dict[str, list[int]] = {}
+    k = exp.data.num_classes
     for name, splits in (("test", exp.data.test), ("val", exp.data.val)):
         if not splits:
             continue
         correct, total = [], []
+        predicted, labels = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
         for split in splits.values():
-            c, t = correct_counts(ctx, pred.params, pred.buffers, pred.shared, split, cohort.ids)
+            c, t, guessed = prediction_counts(
+                ctx, pred.params, pred.buffers, pred.shared, split, cohort.ids
+            )
             correct.append(int(c[0]))
             total.append(int(t[0]))
+            predicted += guessed[0]
+            labels += label_counts(split, cohort.ids, k)[0]
         counts[f"{name}.correct"], counts[f"{name}.total"] = correct, total
+        counts[f"{name}.predicted"], counts[f"{name}.labels"] = predicted.tolist(), labels.tolist()
     return Message(RecordDict({"counts": MetricRecord(counts)}), reply_to=message)

@@ -33,7 +33,7 @@ from ..engine.runner import RoundRecord, Runner
 from ..engine.sampling import sample_clients
 from ..engine.tree import Tree, nbytes
 from ..errors import FedshiftError
-from ..eval.metrics import accuracy_percent, summarize
+from ..eval.metrics import EvalCounts, summarize
 from ..experiment import Experiment, build_experiment, environment_info
 from ..results.store import RunStore
 from .records import from_record, job_record, row, to_record
@@ -209,20 +209,19 @@ class FlowerRunner(Runner):
         ]
         replies = self.exchange(messages, "evaluate", round_)
 
-        def matrix(name: str, width: int) -> torch.Tensor:
-            correct = torch.zeros(n, width, dtype=torch.int64)
-            total = torch.zeros(n, width, dtype=torch.int64)
+        def gathered(name: str, width: int) -> EvalCounts:
+            out = EvalCounts.zeros(n, width, data.num_classes)
             for c in range(n):
                 counts = replies[c].content.metric_records["counts"]
-                correct[c] = torch.tensor(counts[f"{name}.correct"], dtype=torch.int64)
-                total[c] = torch.tensor(counts[f"{name}.total"], dtype=torch.int64)
-            return accuracy_percent(correct, total)
+                for part in ("correct", "total", "predicted", "labels"):
+                    row = torch.tensor(counts[f"{name}.{part}"], dtype=torch.int64)
+                    getattr(out, part)[c] = row
+            return out
 
-        acc = matrix("test", len(data.test))
-        summary = summarize(acc, data.test_env_names)
+        acc, summary = gathered("test", len(data.test)).summary(data.test_env_names)
         val_acc, val = None, None
         if data.val:
-            val_acc = matrix("val", len(data.val))
+            val_acc = gathered("val", len(data.val)).percent()
             val = summarize(val_acc, list(data.val))["average"]
         return acc, summary, val_acc, val
 

@@ -28,10 +28,18 @@ def plot_accuracy_per_env(
     fig, ax = plt.subplots(figsize=(7, 4.2))
     names: list[str] = []
     for label, run_id in runs:
-        per_env = store.run(run_id)["metrics"]["per_env"]
+        metrics = store.run(run_id)["metrics"]
+        per_env = metrics["per_env"]
         names = list(per_env)
         x, numeric = _env_x(names)
-        ax.plot(x, [per_env[n] for n in names], marker="o", label=label)
+        bad = bool(metrics.get("degenerate"))  # a one-class model: marked, drawn dotted
+        ax.plot(
+            x,
+            [per_env[n] for n in names],
+            ":" if bad else "-",
+            marker="x" if bad else "o",
+            label=label + (" †degenerate" if bad else ""),
+        )
     x, numeric = _env_x(names)
     if numeric:
         ax.set_xlabel(names[0].split("=")[0] + " (test environment)")

@@ -16,11 +16,26 @@ from .logged import OPTIONAL_FIGURES, event_rows  # noqa: E402
 from .plots import _env_x  # noqa: E402
 from .store import RunStore  # noqa: E402
 
+DEGENERATE = " †degenerate"
+
 
 def run_label(run: dict) -> str:
     cfg = run["config"]
     label = f"{run['algorithm']} ({run['run_id']})"
-    return label + (", oracle data" if cfg.get("scenario.oracle") else "")
+    label += ", oracle data" if cfg.get("scenario.oracle") else ""
+    return label + (DEGENERATE if (run.get("metrics") or {}).get("degenerate") else "")
+
+
+def degenerate_note(runs: list[dict]) -> str | None:
+    """One sentence naming the runs whose model is degenerate, and why; None if none is."""
+    bad = [r for r in runs if (r.get("metrics") or {}).get("degenerate")]
+    if not bad:
+        return None
+    why = "; ".join(f"{r['run_id']}: {r['metrics'].get('degenerate_why')}" for r in bad)
+    return (
+        "† degenerate: the model answers one class everywhere or never left chance-level "
+        f"training loss, so its accuracies are no result ({why})."
+    )
 
 
 def load_runs(store: RunStore, run_ids: list[str]) -> list[dict]:
@@ -59,7 +74,9 @@ def plot_per_env(runs: list[dict], path: Path) -> Path:
         per_env = run["metrics"]["per_env"]
         x, numeric = _env_x(list(per_env))
         style = "--" if run["config"].get("scenario.oracle") else "-"
-        ax.plot(x, list(per_env.values()), style, marker="o", label=run_label(run))
+        bad = bool(run["metrics"].get("degenerate"))  # a one-class model: dotted, crosses
+        style, marker = (":", "x") if bad else (style, "o")
+        ax.plot(x, list(per_env.values()), style, marker=marker, label=run_label(run))
         analytic = (run.get("environment") or {}).get("oracle_accuracy")
         if analytic is not None:  # e.g. scm: the Bayes classifier on the causal latents
             ax.axhline(analytic, ls="--", color="k", lw=1, label="analytic oracle")
@@ -188,6 +205,9 @@ def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: 
             _md_table(head, rows),
             _md_table(env_head, env_rows),
         ]
+        note = degenerate_note(runs)
+        if note:
+            parts.insert(2, note)
         if faults:
             parts += ["## Client faults", _md_table(fault_head, faults)]
         parts += [f"## {t}\n\n![{t}]({f})" for t, f in figures]
@@ -199,6 +219,9 @@ def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: 
             _html_table(head, rows),
             _html_table(env_head, env_rows),
         ]
+        note = degenerate_note(runs)
+        if note:
+            parts.insert(1, f"<p>{html.escape(note)}</p>")
         if faults:
             parts += ["<h2>Client faults</h2>", _html_table(fault_head, faults)]
         parts += [

@@ -1,0 +1,156 @@
+"""Reports that cannot flatter: a model that answers one class is marked degenerate, and a
+published gap holds only beyond seed noise."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fedshift as fs
+from fedshift.algorithms import ALGORITHMS
+from fedshift.algorithms.base import Prediction, register_algorithm
+from fedshift.algorithms.fedavg import FedAvg
+from fedshift.eval.metrics import (
+    EvalCounts,
+    constant_clients,
+    flag_chance_loss,
+    loss_at_chance,
+    over_seeds,
+)
+from fedshift.reproduce import Method, MethodResult, Table, compare, gap_test
+
+CONSTANT = "test-constant-predictor"
+if CONSTANT not in ALGORITHMS:
+
+    @register_algorithm(CONSTANT)
+    class ConstantPredictor(FedAvg):
+        """FedAvg whose evaluated model answers class 0 whatever the input: every weight
+        zero, the last layer's bias favouring class 0."""
+
+        def predictor(self, server, state, cohort) -> Prediction:
+            pred = super().predictor(server, state, cohort)
+            params = {k: torch.zeros_like(v) for k, v in pred.params.items()}
+            last = list(params)[-1]
+            params[last][0] = 5.0
+            return Prediction(params, pred.buffers, pred.shared)
+
+
+def test_constant_clients_compares_predictions_with_labels():
+    labels = torch.tensor([[50, 50], [97, 3], [50, 50], [50, 50]])
+    predicted = torch.tensor([[100, 0], [100, 0], [60, 40], [0, 0]])
+    # client 0 answers one class on balanced labels; client 1 may rightly predict its 97 %
+    # class (99 % < 97 % + 5 points would not be flagged either); client 2 reads the input;
+    # client 3 has no data
+    assert constant_clients(predicted, labels).tolist() == [True, False, False, False]
+    nearly = torch.tensor([[96, 4]])
+    assert constant_clients(nearly, torch.tensor([[50, 50]])).tolist() == [True]
+    assert constant_clients(torch.tensor([[94, 6]]), torch.tensor([[50, 50]])).tolist() == [False]
+
+
+def test_summary_is_degenerate_when_most_clients_are_constant():
+    counts = EvalCounts.zeros(3, 2, 2)
+    counts.correct[:] = torch.tensor([[50, 50], [50, 50], [80, 70]])
+    counts.total[:] = 100
+    counts.labels[:] = 100
+    counts.predicted[:] = torch.tensor([[200, 0], [0, 200], [110, 90]])
+    _, summary = counts.summary(["p=0.0", "p=1.0"])
+    assert summary["constant_clients"] == 2 and summary["degenerate"] is True
+    assert "2 of 3 clients" in summary["degenerate_why"]
+    assert summary["average_pooled"] == pytest.approx((100 * 180 / 300 + 100 * 170 / 300) / 2)
+    counts.predicted[1] = torch.tensor([120, 80])
+    _, summary = counts.summary(["p=0.0", "p=1.0"])
+    assert summary["constant_clients"] == 1 and summary["degenerate"] is False
+
+
+def test_pooled_accuracy_weights_clients_by_samples():
+    counts = EvalCounts.zeros(2, 1, 2)
+    counts.correct[:, 0] = torch.tensor([9, 10])
+    counts.total[:, 0] = torch.tensor([10, 100])
+    counts.labels[:] = 50
+    counts.predicted[:] = torch.tensor([[5, 5], [50, 50]])
+    _, s = counts.summary(["e"])
+    assert s["average"] == pytest.approx((90 + 10) / 2)
+    assert s["average_pooled"] == pytest.approx(100 * 19 / 110)
+
+
+def test_chance_loss_flags_only_a_loss_that_stays_at_ln_k():
+    ln2 = math.log(2)
+    assert loss_at_chance([0.9, 0.8] + [ln2] * 3, 2, 5)
+    assert not loss_at_chance([ln2] * 4 + [0.5], 2, 5)  # it left chance at the end
+    assert not loss_at_chance([ln2, ln2], 2, 2)  # too few rounds to say
+    assert not loss_at_chance([float("nan")] * 5, 2, 5)
+    m = flag_chance_loss({"degenerate": False, "degenerate_why": None}, [ln2] * 10, 2)
+    assert m["degenerate"] and "ln 2" in m["degenerate_why"]
+
+
+def test_a_run_whose_model_answers_one_class_is_marked_degenerate(tmp_path):
+    settings = dict(scenario="digits-shortcut", rounds=1, seed=0, db=None)
+    bad = fs.run(algorithm=CONSTANT, **settings)
+    assert bad.metrics["degenerate"] is True
+    assert bad.metrics["constant_clients"] == 8
+    # flat at the share of class 0 in every environment: the worst case looks "fine"
+    per_env = list(bad.metrics["per_env"].values())
+    assert max(per_env) - min(per_env) < 1e-9 and 5 < per_env[0] < 15
+    good = fs.run(algorithm="fedavg", lr=0.05, batch_size=10, **{**settings, "rounds": 3})
+    assert good.metrics["degenerate"] is False and good.metrics["constant_clients"] == 0
+
+
+def test_over_seeds_keeps_a_degenerate_seed_visible():
+    base = {"worst": 50.0, "average": 60.0, "worst_client": 40.0, "per_env": {}, "per_client": []}
+    mean, _ = over_seeds(
+        [{**base, "degenerate": False}, {**base, "degenerate": True, "degenerate_why": "x"}]
+    )
+    assert mean["degenerate"] is True and mean["degenerate_seeds"] == 1
+
+
+def test_gap_test_needs_three_seeds_and_a_difference_beyond_noise():
+    assert gap_test([60, 61], [50, 51]) == ("untested", None)
+    status, p = gap_test([60, 61, 62], [50, 51, 52])  # constant +10: no spread
+    assert status == "held" and p == 0.0
+    status, p = gap_test([60, 52, 61, 55], [50, 55, 51, 56])  # mixed signs: noise
+    assert status == "within noise" and p > 0.05
+    status, _ = gap_test([50.0, 51.0, 52.5], [60.0, 61.5, 62.0])
+    assert status == "reversed"
+    status, _ = gap_test([50.0, 55.0, 50.0], [52.0, 50.0, 54.0])
+    assert status == "reversed, within noise"
+    assert gap_test([50, 50, 50], [50, 50, 50])[0] == "tie"
+    status, p = gap_test([70.1, 72.3, 69.8, 71.0], [60.2, 63.0, 58.9, 61.7])
+    assert status == "held" and p < 0.01
+
+
+def _result(name: str, worst: list[float], degenerate: bool = False, published=None):
+    per_seed = [
+        {"worst": w, "average": w, "per_env": {}, "degenerate": degenerate and i == 0}
+        for i, w in enumerate(worst)
+    ]
+    mean = sum(worst) / len(worst)
+    return MethodResult(
+        Method(name, "fedavg", published=published or {}),
+        [f"{name}{i}" for i in range(len(worst))],
+        per_seed,
+        {"worst": mean},
+        {"worst": 0.0},
+        {},
+    )
+
+
+def test_compare_never_counts_a_degenerate_model():
+    table = Table("t", "t", "s", ["worst"], {}, [], gap=5.0)
+    results = [
+        _result("Ours", [51.0, 51.5, 52.0], degenerate=True, published={"worst": 53.9}),
+        _result("Other", [30.0, 32.0, 31.0], published={"worst": 40.0}),
+        _result("FedAvg", [1.0, 2.0, 1.5], published={"worst": 3.4}),
+        _result("Ditto", [2.0, 3.0, 2.5], published={"worst": 3.0}),
+    ]
+    c = compare(table, results)["worst"]
+    assert c["degenerate"] == ["Ours"] and c["methods"] == 3
+    by_pair = {(g["better"], g["worse"]): g for g in c["gaps"]}
+    assert by_pair[("Ours", "FedAvg")]["status"] == "degenerate"
+    assert not by_pair[("Ours", "FedAvg")]["holds"]
+    assert by_pair[("Other", "FedAvg")]["status"] == "held"
+    assert c["gaps_held"] == sum(g["status"] == "held" for g in c["gaps"]) == 2
+    # the rank correlation is over Other, FedAvg, Ditto only: published order Other >
+    # FedAvg > Ditto, ours Other > Ditto > FedAvg
+    assert c["spearman"] == pytest.approx(0.5)
