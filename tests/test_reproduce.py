@@ -314,3 +314,42 @@ def test_top_level_configs_folder_is_the_packaged_one():
     assert sorted(p.stem for p in top.glob("*.toml")) == table_names()
     for p in top.glob("*.toml"):
         tomllib.loads(p.read_text())
+
+
+def test_resume_reuses_finished_runs_and_continues_a_stopped_one(tmp_path, monkeypatch):
+    """A table that outlives a session: `--resume` reuses the store's finished runs of the
+    same configuration and continues a stopped one from its checkpoint, with the numbers of
+    an uninterrupted table."""
+    from fedshift.engine.runner import Runner
+
+    path = tmp_path / "two.toml"
+    path.write_text(TWO.replace("rounds = 2", "rounds = 4\ncheckpoint_every = 1"))
+    reference = reproduce(str(path), db=tmp_path / "ref.db", out_dir=tmp_path / "ref")
+    db = tmp_path / "runs.db"
+    original = Runner.train_round
+    calls = {"n": 0}
+
+    def crash_in_the_seventh_round(self, r):  # FedAvg, seed 1, its third round
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise RuntimeError("session ended")
+        return original(self, r)
+
+    monkeypatch.setattr(Runner, "train_round", crash_in_the_seventh_round)
+    with pytest.raises(RuntimeError):
+        reproduce(str(path), db=db, out_dir=tmp_path / "a")
+    monkeypatch.setattr(Runner, "train_round", original)
+    before = {r["run_id"]: r["status"] for r in RunStore(db).runs()}
+    assert sorted(before.values()) == ["done", "failed"]
+    out = reproduce(str(path), db=db, out_dir=tmp_path / "b", resume=True)
+    runs = RunStore(db).runs()
+    assert len(runs) == 4 and all(r["status"] == "done" for r in runs)
+    first = out["methods"][0]["run_ids"]
+    assert set(before) <= {rid for m in out["methods"] for rid in m["run_ids"]}
+    assert first[0] in before and before[first[0]] == "done"  # reused, not re-run
+    for ours, ref in zip(out["methods"], reference["methods"], strict=True):
+        assert ours["ours"] == pytest.approx(ref["ours"])
+    # resuming again trains nothing more
+    again = reproduce(str(path), db=db, out_dir=tmp_path / "c", resume=True)
+    assert len(RunStore(db).runs()) == 4
+    assert [m["run_ids"] for m in again["methods"]] == [m["run_ids"] for m in out["methods"]]

@@ -46,6 +46,7 @@ points, whether our numbers keep that order.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
@@ -281,9 +282,13 @@ def run_table(
     skip_missing: bool = False,
     extra: dict[str, Any] | None = None,
     progress=None,
+    resume: bool = False,
 ) -> tuple[list[MethodResult], list[str]]:
     """Run every method of ``table`` for ``seeds`` seeds; returns the results and the
-    methods skipped because their algorithm is not registered."""
+    methods skipped because their algorithm is not registered. With ``resume``, a run of
+    the same configuration already in the store is reused when done and continued from its
+    checkpoint when stopped (:func:`earlier_run`), so a paper-scale table spans sessions."""
+    from .api import resume as resume_api
     from .api import run as run_api
     from .data import build_scenario
 
@@ -346,9 +351,21 @@ def run_table(
                 if value is not None:
                     apply(cfg, {table.sweep_key: value})
                 label = f"{m.name} (seed {seed}{'' if value is None else f', {value}'})"
+                before = earlier_run(db, cfg) if resume else None
+                if before is not None and before["status"] == "done":
+                    run_ids.append(before["run_id"])  # finished in an earlier session
+                    sweep_metrics.append(before["metrics"])
+                    continue
+                if before is not None:
+                    label += f" (resumed {before['run_id']})"
                 on_round, stop = progress(cfg.rounds, label) if progress else (None, None)
                 try:
-                    out = run_api(cfg, data=data_for(cfg), db=db, on_round=on_round)
+                    if before is not None:
+                        out = resume_api(
+                            before["run_id"], db, data=data_for(cfg), on_round=on_round
+                        )
+                    else:
+                        out = run_api(cfg, data=data_for(cfg), db=db, on_round=on_round)
                 finally:
                     if stop is not None:
                         stop()
@@ -369,6 +386,36 @@ def run_table(
         per_env = {e: _mean_std([s["per_env"].get(e) for s in per_seed])[0] for e in envs}
         results.append(MethodResult(m, run_ids, per_seed, mean, std, per_env))
     return results, skipped
+
+
+MACHINE_KEYS = ("device", "data_dir")  # where a run ran, not what it is
+
+
+def _identity(config: dict) -> str:
+    kept = {k: v for k, v in config.items() if k not in MACHINE_KEYS}
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
+    """The store's run of exactly this configuration (device and data folder aside): the
+    newest finished one, else the newest stopped one (interrupted or failed), else None.
+    One still running in another process is refused: two processes must not train it."""
+    from .results.store import RunStore
+
+    if not Path(db).exists():
+        return None
+    key = _identity(json.loads(json.dumps(cfg.flat(), default=str)))
+    same = [r for r in RunStore(db).runs() if r["config"] and _identity(r["config"]) == key]
+    for status in ("done", "interrupted", "failed"):
+        found = [r for r in same if r["status"] == status]
+        if found:
+            return found[-1]
+    if same:
+        raise FedshiftError(
+            f"run {same[-1]['run_id']} of this configuration is still running in another "
+            "process; wait for it or stop it before --resume"
+        )
+    return None
 
 
 def _mean_std(values: list) -> tuple[float | None, float | None]:
@@ -697,6 +744,7 @@ def reproduce(
     extra: dict[str, Any] | None = None,
     progress=None,
     methods: list[str] | None = None,
+    resume: bool = False,
 ) -> dict:
     """Run a table (or the ``methods`` of it named) and write its report; returns the
     :func:`summary` dict."""
@@ -711,6 +759,7 @@ def reproduce(
         skip_missing=skip_missing,
         extra=extra,
         progress=progress,
+        resume=resume,
     )
     comparison = compare(table, results)
     first = method_config(
