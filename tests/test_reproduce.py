@@ -353,3 +353,23 @@ def test_resume_reuses_finished_runs_and_continues_a_stopped_one(tmp_path, monke
     again = reproduce(str(path), db=db, out_dir=tmp_path / "c", resume=True)
     assert len(RunStore(db).runs()) == 4
     assert [m["run_ids"] for m in again["methods"]] == [m["run_ids"] for m in out["methods"]]
+
+
+def test_tuned_settings_are_recorded_checked_and_reported(tmp_path):
+    text = TWO.replace(
+        "options = { mu = 0.1 }",
+        'options = { mu = 0.1 }\ntuned = { "algorithm.mu" = "sweep over 0.01,0.1 on val: 0.1" }',
+    ).replace('source = "a test table"', 'source = "a test table"\ntuned = { lr = "val sweep" }')
+    path = tmp_path / "tuned.toml"
+    path.write_text(text)
+    table = load_table(str(path))
+    assert table.tuned == {"lr": "val sweep"}
+    assert table.methods[1].tuned == {"algorithm.mu": "sweep over 0.01,0.1 on val: 0.1"}
+    reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "out", seeds=1, quick=True)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "Settings the paper does not give" in report
+    assert "| FedProx | algorithm.mu | sweep over 0.01,0.1 on val: 0.1 |" in report
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('"algorithm.mu" = ', '"algorithm.alpha" = '))
+    with pytest.raises(FedshiftError, match="does not set it"):
+        load_table(str(bad))

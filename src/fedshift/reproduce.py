@@ -33,7 +33,13 @@ as ``fedshift/configs``)::
     options = { mu = 0.01 }             # algorithm options
     set = { lr = 0.05 }                 # optional per-method RunConfig overrides
     published = { worst = 3.4, average = 51.0 }
+    tuned = { "algorithm.mu" = "fedshift sweep --grid algorithm.mu=0.001,0.01,0.1 …: val …" }
     # ours = true: a variant of ours, not in the paper (no published numbers; say why in notes)
+
+``tuned`` (in ``[[method]]``, or in ``[table]`` for the shared ``[run]`` keys) records, for
+each setting the paper does not give, how it was chosen: the ``fedshift sweep`` command on
+validation data and what it found. Every tuned key must be a key the table sets (checked
+on load); the report lists them under "Settings the paper does not give".
 
 Every method runs on the same partitions: for seed k all methods use the scenario built
 with seed k (or ``scenario_seed`` when set), built once and shared. Each run is recorded
@@ -74,6 +80,7 @@ class Method:
     settings: dict[str, Any] = field(default_factory=dict)
     published: dict[str, float] = field(default_factory=dict)
     ours: bool = False  # a variant of ours shown beside the paper's rows (no published number)
+    tuned: dict[str, str] = field(default_factory=dict)  # setting → how it was chosen
 
 
 @dataclass
@@ -91,6 +98,7 @@ class Table:
     sweep_key: str | None = None
     sweep_values: list[Any] = field(default_factory=list)
     notes: str = ""
+    tuned: dict[str, str] = field(default_factory=dict)  # shared [run] setting → how chosen
 
 
 # ---------------------------------------------------------------- loading
@@ -140,28 +148,42 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
         if "name" not in m or "algorithm" not in m:
             raise FedshiftError(f"method {i + 1} of the table needs a name and an algorithm")
         published = {ALIASES.get(k, k): float(v) for k, v in m.get("published", {}).items()}
-        methods.append(
-            Method(
-                str(m["name"]),
-                str(m["algorithm"]),
-                dict(m.get("options", {})),
-                _flatten(dict(m.get("set", {}))),
-                published,
-                bool(m.get("ours", False)),
-            )
+        method = Method(
+            str(m["name"]),
+            str(m["algorithm"]),
+            dict(m.get("options", {})),
+            _flatten(dict(m.get("set", {}))),
+            published,
+            bool(m.get("ours", False)),
+            {str(k): str(v) for k, v in m.get("tuned", {}).items()},
         )
+        own = {f"algorithm.{k}" for k in method.options} | set(method.settings)
+        unknown = sorted(set(method.tuned) - own)
+        if unknown:
+            raise FedshiftError(
+                f"method {method.name!r} records how {unknown[0]!r} was tuned but does not set "
+                "it; tuned keys must be the method's options (algorithm.NAME) or set keys"
+            )
+        methods.append(method)
     if not methods:
         raise FedshiftError("the table lists no [[method]] entries")
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise FedshiftError(f"method names must be distinct in a table, got {names}")
     sweep = raw.get("sweep", {})
+    run = _flatten(dict(raw.get("run", {})))
+    tuned = {str(k): str(v) for k, v in head.get("tuned", {}).items()}
+    unknown = sorted(set(tuned) - set(run))
+    if unknown:
+        raise FedshiftError(
+            f"the table records how {unknown[0]!r} was tuned but its [run] does not set it"
+        )
     return Table(
         id=str(head.get("id", default_id)),
         title=str(head.get("title", default_id)),
         source=str(head.get("source", "")),
         metrics=metrics,
-        run=_flatten(dict(raw.get("run", {}))),
+        run=run,
         methods=methods,
         seeds=int(head.get("seeds", 1)),
         gap=float(head.get("gap", 5.0)),
@@ -170,6 +192,7 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
         sweep_key=sweep.get("key"),
         sweep_values=list(sweep.get("values", [])),
         notes=str(head.get("notes", "")),
+        tuned=tuned,
     )
 
 
@@ -586,6 +609,14 @@ def write_reproduction_report(
         )
     if table.notes:
         parts.append(f"Notes: {table.notes}")
+    tuned = [("all methods", k, v) for k, v in table.tuned.items()] + [
+        (r.method.name, k, v) for r in results for k, v in r.method.tuned.items()
+    ]
+    if tuned:
+        parts.append(
+            "### Settings the paper does not give (chosen on validation data)\n\n"
+            + _md_table(["method", "setting", "how it was chosen"], [list(t) for t in tuned])
+        )
     parts.append(_md_table(head, rows))
     bad = [r for r in results if r.degenerate]
     if bad:
