@@ -14,8 +14,12 @@ latest model and an affinity matrix P (P_in += w_n) and picks the M models for c
 Defaults and choices (our reading of the paper's experiments): M = 5, ε = 0.3 decaying by
 0.05 per round to 0. Validation data: the scenario's first validation split (held out from
 training in the label-shift scenarios); ``validation = train`` uses the training data
-instead. The draws are seeded per (seed, round, client). Clients never sampled hold the
-initial model. Communication: M models go down to each client (counted in the payload).
+instead. A client with no validation rows (``scenario.val_fraction = 0`` or a client too
+small to hold one out) cannot score the downloaded models: all its w_n are 0, so by eq. 6
+it keeps its own model and trains locally (the paper's clients always hold validation
+data; tested in tests/test_personalization_fidelity.py). The draws are seeded per
+(seed, round, client). Clients never sampled hold the initial model. Communication: M
+models go down to each client (counted in the payload).
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ class FedFomoHyper:
 
 
 def fomo_weights(own_loss, other_loss, distance):
-    """w_n of eq. 5 ([C, M]); 0 where a model coincides with the client's own."""
+    """w_n of eq. 5 ([C, M]); 0 where a model coincides with the client's own, and 0 where
+    a loss is not finite (a client with no validation rows scores every model +inf, and
+    inf − inf would make the weights, then the model, NaN)."""
     w = (own_loss.unsqueeze(1) - other_loss) / distance.clamp(min=1e-12)
-    return torch.where(distance > 0, w, torch.zeros_like(w))
+    scored = (distance > 0) & torch.isfinite(own_loss).unsqueeze(1) & torch.isfinite(other_loss)
+    return torch.where(scored, w, torch.zeros_like(w))
 
 
 @register_algorithm("fedfomo")

@@ -1,0 +1,43 @@
+"""Fidelity of the personalization methods to their papers (issue 19): behaviours that a
+faithful implementation must show, each written so that the test fails when it breaks."""
+
+from __future__ import annotations
+
+import torch
+from toy import toy_data
+
+import fedshift as fs
+from fedshift.data.federated import Split
+
+SETTINGS = dict(lr=0.1, batch_size=8, local_epochs=1, rounds=2, model_options={"hidden": [8]})
+
+
+def finite(tree) -> bool:
+    return all(torch.isfinite(v).all() for v in tree.values() if v.is_floating_point())
+
+
+# ---- FedFomo -----------------------------------------------------------------------------
+
+
+def test_fedfomo_client_without_validation_rows_keeps_finite_model():
+    """A client with no validation rows scores every model +inf; inf − inf must not turn
+    its weights, then its model (and every model that downloads it), into NaN."""
+    data = toy_data()
+    x, y = data.val["val"].client(1)
+    empty = (x[:0], y[:0])
+    clients = [data.val["val"].client(i) for i in range(data.num_clients)]
+    clients[0] = empty
+    clients[3] = empty
+    data.val = {"val": Split.from_clients(clients)}
+    opts = {**SETTINGS, "rounds": 3}
+    out = fs.run(algorithm="fedfomo", data=data, algorithm_options={"num_models": 3}, **opts)
+    # the engine drops a non-finite update and logs it: there must be none
+    events = [e for r in out.result.rounds for e in r.extras.get("events", [])]
+    assert not [e for e in events if e["event"] == "nonfinite"], events
+    assert finite(out.result.server)  # the server holds every client's latest model
+    init = fs.run(
+        algorithm="fedfomo", data=data, algorithm_options={"num_models": 3}, **{**opts, "rounds": 0}
+    )
+    for k, v in out.result.server.items():  # clients 0 and 3 trained (locally) all the same
+        if k.startswith("m/p/"):
+            assert not torch.equal(v[0], init.result.server[k][0])
