@@ -200,11 +200,31 @@ def test_fedipg_lambda_zero_is_fedavg():
 
 
 def test_fedipg_exit_strategy_ignores_exited_uploads():
-    a = run("fedipg", algorithm_options={"exit_clients": [1, 3]})
-    b = fs.run(algorithm="fedavg", data=toy_data(), local_steps=4, **SETTINGS)
-    diff = sum((a.result.server[k] - v).abs().sum() for k, v in b.result.server.items())
-    assert diff > 0
+    """Alg. 1 line 6 aggregates I_ID only: whatever the exited clients 1 and 3 hold, the
+    global model is the same (it would change if their uploads were averaged in)."""
+
+    def corrupt(data):  # clients 1 and 3: other features and labels, same sizes
+        x, y, off, sizes = data.train.x, data.train.y, data.train.offsets, data.train.sizes()
+        for i in (1, 3):
+            rows = slice(int(off[i]), int(off[i] + sizes[i]))
+            x[rows] = -5 * x[rows] + 3
+            y[rows] = (y[rows] + 1) % data.num_classes
+        return data
+
+    opts = dict(algorithm="fedipg", local_steps=4, **SETTINGS)
+    exit_ = {"lambda_": 0.01, "exit_clients": [1, 3]}
+    a = fs.run(data=toy_data(), algorithm_options=exit_, **opts)
+    b = fs.run(data=corrupt(toy_data()), algorithm_options=exit_, **opts)
+    for k, v in a.result.server.items():
+        if k.startswith("p/"):
+            torch.testing.assert_close(b.result.server[k], v)
     assert a.result.rounds[-1].extras["exited"] == [1, 3]
+    kept = fs.run(data=corrupt(toy_data()), algorithm_options={"lambda_": 0.01}, **opts)
+    assert any(
+        not torch.allclose(kept.result.server[k], v)
+        for k, v in a.result.server.items()
+        if k.startswith("p/")
+    )  # the corruption matters when 1 and 3 aggregate
 
 
 def test_ucfl_homogeneous_users_is_fedavg(monkeypatch):
