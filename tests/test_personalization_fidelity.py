@@ -41,3 +41,25 @@ def test_fedfomo_client_without_validation_rows_keeps_finite_model():
     for k, v in out.result.server.items():  # clients 0 and 3 trained (locally) all the same
         if k.startswith("m/p/"):
             assert not torch.equal(v[0], init.result.server[k][0])
+
+
+# ---- pFedMe ------------------------------------------------------------------------------
+
+
+def test_pfedme_trains_every_client_but_only_sampled_ones_upload():
+    """The authors' server trains every user each round and averages the sampled ones:
+    under partial participation an unsampled client's θ_i is trained from the latest w,
+    while the server model depends on the sampled clients only."""
+    from fedshift.api import make_config
+    from fedshift.engine.sampling import sample_clients
+    from fedshift.experiment import build_experiment
+
+    cfg = make_config(algorithm="pfedme", clients_per_round=2, **{**SETTINGS, "rounds": 1})
+    exp = build_experiment(cfg, data=toy_data())
+    runner = exp.runner
+    runner.run()
+    sampled = set(sample_clients(exp.data.num_clients, runner.k, exp.ctx.seed, 0).tolist())
+    state = runner.store.state
+    init = exp.ctx.initial_params
+    for i in set(range(exp.data.num_clients)) - sampled:
+        assert any(not torch.equal(state[f"p/{k}"][i].cpu(), v.cpu()) for k, v in init.items())

@@ -11,7 +11,11 @@ Each client is evaluated with its personalized model θ_i (pFedMe's "personalize
 Engine mapping: θ_i and w_i are trained together; the loss solves the inner problem
 (``common.proximal.prox_solve``) and returns a surrogate whose plain SGD step sets θ_i ← θ̃_i
 and w_i ← w_i − ηλ(w_i − θ̃_i) exactly, so the run's momentum and weight decay are not used.
-θ_i restarts from w at each round (the authors' code). Defaults (paper, MNIST): λ = 15,
+θ_i restarts from w at each round (the authors' code). Every client trains every round
+(the authors' server, ``serverpFedMe.train``: "do update for all users not only selected
+users"); only the sampled clients upload w_i. Under partial participation the others
+therefore still refresh their personalized θ_i from the latest w (``update_unsampled``),
+at the cost of N clients' local work per round. Defaults (paper, MNIST): λ = 15,
 K = 5, personal lr 0.1, β = 1 (β = 1 averages like FedAvg). K = 0 never moves θ̃ from
 w, so w stays at the broadcast model.
 """
@@ -48,6 +52,7 @@ class PFedMe(Algorithm):
     Hyper = PFedMeHyper
     personalized = True
     reset_personal = True  # θ_i starts each round from the received w (authors' code)
+    trains_unsampled = True  # the authors' server trains every user, sampled ones upload
 
     def init(self) -> Tree:
         return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
@@ -99,6 +104,10 @@ class PFedMe(Algorithm):
             num_examples=cohort.num_examples,
             loss=out.loss,
         )
+
+    def update_unsampled(self, server: Tree, state: Tree, cohort) -> Tree:
+        """A client outside the round's sample trains too; its w_i is not uploaded."""
+        return self.client_update(self.configure(server, cohort), state, cohort).state
 
     def train_extras(self, payload: Payload, cohort) -> dict:
         """Extra keyword arguments of the training call (``shared=`` tensors for subclasses)."""
