@@ -63,3 +63,25 @@ def test_pfedme_trains_every_client_but_only_sampled_ones_upload():
     init = exp.ctx.initial_params
     for i in set(range(exp.data.num_clients)) - sampled:
         assert any(not torch.equal(state[f"p/{k}"][i].cpu(), v.cpu()) for k, v in init.items())
+
+
+# ---- FedPAC ------------------------------------------------------------------------------
+
+
+def test_fedpac_aligns_features_from_round_one_only():
+    """The authors' local_training adds the alignment term only when round > 0: round 0
+    with λ = 1 equals λ = 0; a second round differs."""
+
+    def server(rounds, lam):
+        out = fs.run(
+            algorithm="fedpac",
+            data=toy_data(),
+            algorithm_options={"lambda_": lam},
+            **{**SETTINGS, "rounds": rounds},
+        )
+        return {k: v for k, v in out.result.server.items() if k.startswith("p/")}
+
+    for k, v in server(1, 1.0).items():
+        torch.testing.assert_close(v, server(1, 0.0)[k])
+    two, plain = server(2, 1.0), server(2, 0.0)
+    assert any(not torch.allclose(v, plain[k]) for k, v in two.items())

@@ -12,7 +12,10 @@ participant i the classifier weights (eq. 8–10)
 (a convex QP on the simplex, solved with SciPy: common/simplex.py) and φ̂_i = Σ_j α_ij φ_j,
 which client i keeps as its head. Defaults: λ = 1, 1 head epoch (the authors' settings).
 Choices: weights below 1e-3 are zeroed and the rest renormalised (the authors zero them);
-classes with no global centroid yet are aligned to the client's own centroid (authors' code);
+as in the authors' code (``methods/fedpac.py``, ``local_training``: ``if round > 0``) the
+alignment term is off in round 0, when no global centroid exists yet, and from round 1 on
+a class without a global centroid is aligned to the client's own centroid measured with
+the received θ;
 the heads φ̂_i live in server state (row i = client i's head), since the server computes
 them after the uploads; a client that never took part keeps the initial head.
 """
@@ -79,7 +82,8 @@ class FedPAC(Algorithm):
     def aligned(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         z = features(self.ctx, params, buffers, x)
         risk = cross_entropy(classify(self.ctx, select(params, is_head), z), y, w)
-        return risk + self.hp.lambda_ * alignment_loss(z, y, w, extras["targets"])
+        align = alignment_loss(z, y, w, extras["targets"])
+        return risk + self.hp.lambda_ * extras["align"] * align  # align = 0 in round 0
 
     def stats(self, model: Tree, shared: Tree, x, y, mask) -> Tree:
         return class_feature_sums(self.ctx, {**shared, **model}, x, y, mask)
@@ -109,7 +113,10 @@ class FedPAC(Algorithm):
             bufs,
             cohort,
             trainable=is_extractor,
-            per_client={"targets": targets},
+            per_client={
+                "targets": targets,
+                "align": torch.full((n,), float(cohort.round > 0), device=ctx.device),
+            },
         )
         after = client_sums(ctx, self.stats, cohort, model_state(out.params, out.buffers))
         upload = {
