@@ -21,6 +21,10 @@ engine samples clients, splits them into cohorts of at most ``cohort_size`` and 
 
 ``init()`` builds the server state and ``init_client_state(server)`` a single-client
 template of the persistent client state (the engine stacks it for all N clients, lazily).
+An algorithm whose box trains *every* client each round while only the sampled ones upload
+(FedSDR, thesis Alg. 2 line 4) sets ``trains_unsampled = True`` and implements
+``update_unsampled(server, state, cohort) -> state``: the engine calls it, in cohorts, for
+the clients not sampled in the round, with the round's server state (before aggregation).
 Optional ``before_training(server)`` runs once before round 0 (UCFL's gradient statistics
 round). Payloads and uploads are flat name → tensor mappings, so communication cost is a
 generic sum of bytes and every state can be checkpointed without knowing the algorithm.
@@ -79,6 +83,7 @@ class Algorithm(ABC):
     name: ClassVar[str]
     Hyper: ClassVar[type]
     personalized: ClassVar[bool] = False
+    trains_unsampled: ClassVar[bool] = False  # update_unsampled runs for the other clients
 
     def __init__(self, hyper: Any, ctx: Context) -> None:
         self.hp = hyper
@@ -92,6 +97,10 @@ class Algorithm(ABC):
 
     def before_training(self, server: Tree) -> Tree:
         return server
+
+    def update_unsampled(self, server: Tree, state: Tree, cohort: Cohort) -> Tree:
+        """New persistent state of clients NOT sampled this round (``trains_unsampled``)."""
+        return state
 
     @abstractmethod
     def configure(self, server: Tree, cohort: Cohort) -> Payload: ...

@@ -7,14 +7,18 @@ each environment classifier ω_e (linear on Ψ(x)) is fitted by ERM on environme
 Stage 2, shortcut removal (eq. 4.8): each client's personalized model f_u = ω_u∘Φ_u minimises
 ℓ_SR = R(f_u) + γ·Î(Φ_u; Ψ | Y), Î the class-centred cross-moment L1 estimator of §4.4.2.
 
-Schedule (Alg. 2, every round from the first): K epochs of f_u on ℓ_SR against the received Ψ^t;
-then R local iterations (R = the run's local_epochs; with local_steps, one iteration of that
-many steps), each one epoch of ω∘Ψ on ℓ_SD (environment classifiers fixed) followed by
-``env_epochs`` epochs of the environment classifiers (Ψ fixed). The server averages Ψ (and ω)
-uniformly over participants, and each ω_e over the participants holding environment e (ρ_u^e).
+Schedule (Alg. 2, every round from the first): EVERY client trains f_u for K epochs on ℓ_SR
+against Ψ^t (line 4: all N devices; the engine's ``update_unsampled`` runs the clients that
+are not sampled); the sampled clients S^t then run R local iterations (R = the run's
+local_epochs; with local_steps, one iteration of that many steps), each one epoch of ω∘Ψ on
+ℓ_SD (environment classifiers fixed) followed by K epochs of the environment classifiers
+(Ψ fixed; line 12, ``env_epochs`` = 0 → K), and upload. Alg. 2 has every device run the
+discovery iterations too and only S^t upload; the others' Ψ_u, ω_u are discarded, so we skip
+them. The server averages Ψ (and ω) uniformly over participants, and each ω_e over the
+participants holding environment e (ρ_u^e).
 Requires environment ids in the training split (the method's known limitation).
 Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis §4.5.2).
-Not given by the thesis, ours: α_th = 1, one epoch for the environment classifiers.
+Not given by the thesis, ours: α_th = 1.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
 Ours, off by default (docs/methods/invariant.md, measured on ``scm``): what stage 2
 decorrelates Φ_u from (``shortcut_view``): ``disagreement`` = the environment classifiers'
@@ -63,7 +67,9 @@ class FedSDRHyper:
     gamma: float = opt(1e4, "γ: weight of Î(Φ_u; Ψ | Y) (1e4 CMNIST/CFMNIST, 1.4 WaterBirds)")
     alpha_th: float = opt(1.0, "α_th: clamp of λ·ℓ_dis in ℓ_SD (ours; the thesis gives none)")
     personal_epochs: int = opt(10, "K: epochs of the personalized model per round")
-    env_epochs: int = opt(1, "epochs of the environment classifiers per local iteration")
+    env_epochs: int = opt(
+        0, "epochs of the environment classifiers per local iteration (0 = K, Alg. 2 line 12)"
+    )
     shortcut_view: str = opt(
         "features",
         "what stage 2 decorrelates Φ_u from: 'features' = Ψ(x) (the thesis), 'disagreement' = "
@@ -100,7 +106,7 @@ class FedSDRHyper:
         for name in ("lambda_", "gamma", "alpha_th"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
         require(self.personal_epochs >= 1, "algorithm.personal_epochs must be >= 1")
-        require(self.env_epochs >= 1, "algorithm.env_epochs must be >= 1")
+        require(self.env_epochs >= 0, "algorithm.env_epochs must be >= 0")
 
 
 class ShortcutDiscovery:
@@ -260,7 +266,7 @@ class ShortcutDiscovery:
                 buffers,
                 cohort,
                 f"fedsdr/env{r}",
-                epochs=self.hp.env_epochs,
+                epochs=self.hp.env_epochs or self.hp.personal_epochs,
                 trainable=lambda k: k in ENV,
             )
             params = out.params
@@ -295,6 +301,7 @@ class ShortcutDiscovery:
 class FedSDR(ShortcutDiscovery, Algorithm):
     Hyper = FedSDRHyper
     personalized = True
+    trains_unsampled = True  # Alg. 2 line 4: every client's f_u trains each round
 
     def init(self) -> Tree:
         return self.discovery_init()
@@ -305,22 +312,30 @@ class FedSDR(ShortcutDiscovery, Algorithm):
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(broadcast=self.discovery_broadcast(server))
 
-    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
-        # Alg. 2 lines 6-8: K epochs of the personalized model on ℓ_SR with Ψ^t
+    def personal_train(self, broadcast: Tree, state: Tree, cohort):
+        """Alg. 2 lines 6-8: K epochs of the personalized model on ℓ_SR with Ψ^t."""
         params, buffers = split_state(state)
-        pm = self.ctx.train(
+        return self.ctx.train(
             self.sr_risk,
             params,
             buffers,
             cohort,
             "fedsdr/personal",
             epochs=self.hp.personal_epochs,
-            shared=self.psi_extras(payload.broadcast),
+            shared=self.psi_extras(broadcast),
         )
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        pm = self.personal_train(payload.broadcast, state, cohort)
         upload = self.discovery_train(payload, cohort)  # lines 10-13
         return ClientResult(
             upload, model_state(pm.params, pm.buffers), cohort.num_examples, pm.loss
         )
+
+    def update_unsampled(self, server: Tree, state: Tree, cohort) -> Tree:
+        """Line 4: a client outside S^t still trains f_u against Ψ^t (it uploads nothing)."""
+        pm = self.personal_train(self.discovery_broadcast(server), state, cohort)
+        return model_state(pm.params, pm.buffers)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         return self.discovery_aggregate(server, uploads, info)

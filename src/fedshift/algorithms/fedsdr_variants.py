@@ -5,13 +5,16 @@ the shortcut-removal loss ℓ_SR = R(f) + γ·Î(Φ; Ψ | Y) replaces the risk o
 ``fedsdr-fedavg`` (Alg. 3): the server also keeps a global invariant model f_θ; each client
 starts from f_θ^t, trains it on ℓ_SR for the run's local training, keeps the result as its
 personalized model f_θu and uploads it; the server averages f_θu uniformly (line 17).
+As in Alg. 2, every client trains its personalized model each round (line 4) and only the
+sampled ones run stage 1 and upload.
 Choice: the box interleaves f, Ψ and ω_e updates per iteration; we run f's epochs first,
 against the received Ψ^t, then FedSDR's discovery iterations.
 
 ``fedsdr-pfedme`` (Alg. 4): pFedMe with ℓ_SR inside the Moreau envelope: per minibatch K
 steps θ_u ← θ_u − η(∇ℓ_SR(θ_u) + μ(θ_u − w_u)), then w_u ← w_u − η_g·μ(w_u − θ_u); the box
 reuses γ for the proximal weight, we call it μ (pFedMe's λ, default 15) to keep γ for Î.
-θ_u is kept across rounds (the box never resets it). Evaluated with θ_u.
+θ_u is kept across rounds (the box never resets it) and trains every round on every client
+(line 4; a client outside S^t discards its w_u). Evaluated with θ_u.
 """
 
 from __future__ import annotations
@@ -36,17 +39,21 @@ class FedSDRFedAvg(FedSDR):
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         return {**self.discovery_init(), **with_prefix(state, "g/")}
 
-    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+    def personal_train(self, broadcast: Tree, state: Tree, cohort):
+        """Alg. 3 line 7: f_θu from f_θ^t, the run's local training on ℓ_SR with Ψ^t."""
         n = len(cohort)
-        params, buffers = split_state(strip_prefix(payload.broadcast, "g/"))
-        f = self.ctx.train(
+        params, buffers = split_state(strip_prefix(broadcast, "g/"))
+        return self.ctx.train(
             self.sr_risk,
             stack(params, n),
             stack(buffers, n),
             cohort,
             "fedsdr/personal",
-            shared=self.psi_extras(payload.broadcast),
+            shared=self.psi_extras(broadcast),
         )
+
+    def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
+        f = self.personal_train(payload.broadcast, state, cohort)
         trained = model_state(f.params, f.buffers)
         upload = {**self.discovery_train(payload, cohort), **with_prefix(trained, "g/")}
         return ClientResult(upload, trained, cohort.num_examples, f.loss)
@@ -75,6 +82,7 @@ class FedSDRPFedMeHyper(FedSDRHyper):
 class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
     Hyper = FedSDRPFedMeHyper
     reset_personal = False  # Alg. 4 keeps θ_u across rounds
+    trains_unsampled = True  # Alg. 4 line 4: every client's θ_u trains each round
 
     def init(self) -> Tree:
         return {**PFedMe.init(self), **self.discovery_init()}
@@ -95,6 +103,10 @@ class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
         result = PFedMe.client_update(self, payload, state, cohort)
         result.upload.update(self.discovery_train(payload, cohort))
         return result
+
+    def update_unsampled(self, server: Tree, state: Tree, cohort) -> Tree:
+        """Lines 6-11 for a client outside S^t: θ_u is kept, its w_u is not uploaded."""
+        return PFedMe.client_update(self, self.configure(server, cohort), state, cohort).state
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         keys = [k for k in server if k.startswith(("p/", "b/"))]

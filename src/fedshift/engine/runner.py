@@ -110,6 +110,13 @@ class Runner:
             uploads.append(result.upload)
             weights.append(result.num_examples)
             losses.append(result.loss.detach().cpu())
+        rest = torch.ones(self.ctx.data.num_clients, dtype=torch.bool)
+        rest[ids] = False
+        if self.alg.trains_unsampled and rest.any():  # local work of the clients not sampled
+            for chunk in self.chunks(rest.nonzero().flatten()):
+                state = self.store.take(chunk, self.ctx.device)
+                cohort = self.ctx.cohort(chunk, r)
+                self.store.put(chunk, self.alg.update_unsampled(self.server, state, cohort))
         return self.finish_round(r, ids, uploads, weights, losses, up, down, t0)
 
     def finish_round(
