@@ -181,6 +181,20 @@ def test_fedbn_keeps_batchnorm_local():
     assert not torch.allclose(mean[0], mean[1])  # each client its own statistics
 
 
+def test_fedbn_statistics_only_averages_gamma_beta_and_keeps_statistics_local():
+    data = toy_data(SIZES, dim=16)
+    opts = {**SETTINGS, **BN_MODEL, "algorithm_options": {"local": "statistics"}}
+    exp = build_experiment(make_config(algorithm="fedbn", **opts), data=data)
+    result = exp.runner.run()
+    stats = {k for k in batchnorm_keys(exp.ctx.model) if k in exp.ctx.initial_buffers}
+    assert "p/extractor.bn1.weight" in result.server  # γ is averaged with the weights
+    assert not any(k[2:] in stats for k in result.server)
+    local = exp.runner.store.state
+    assert {k[2:] for k in local} == stats
+    mean = local["b/extractor.bn1.running_mean"]
+    assert not torch.allclose(mean[0], mean[1])
+
+
 def test_fedbn_without_batchnorm_is_fedavg_with_a_warning():
     with pytest.warns(UserWarning, match="no BatchNorm"):
         a = run("fedbn")

@@ -9,7 +9,12 @@ Choices: with a model without BatchNorm layers FedBN is exactly FedAvg (a warnin
 so; tested); use e.g. ``dfl-cnn`` or ``resnet18``. Each client's BN layers start from the
 model's initialisation.
 Evaluation: the shared layers of the global model with the client's own BN layers.
-FedBN has no hyper-parameters beyond the run's local-training settings.
+
+``local = "statistics"`` keeps only the BN running statistics local and averages γ, β
+with the other weights: "FedAvg + local BN statistics" (SiloBN's split, Andreux et al.,
+MICCAI DCL 2020), the baseline that tells how much of a method's gain on feature-skewed
+clients (DFL on bgcolor-MNIST) per-client normalisation alone gives. ``local = "all"``
+(default) is FedBN.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 
 from ..engine.tree import Tree, select, stack
 from ..models.layers import batchnorm_keys
+from ..options import opt
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
 from .common.losses import cross_entropy
@@ -26,7 +32,11 @@ from .common.losses import cross_entropy
 
 @dataclass(frozen=True)
 class FedBNHyper:
-    """FedBN has no hyper-parameters beyond the run's local-training settings."""
+    local: str = opt(
+        "all",
+        "BatchNorm state kept per client: all (γ, β, statistics: FedBN) or statistics only",
+        choices=("all", "statistics"),
+    )
 
 
 @register_algorithm("fedbn")
@@ -37,6 +47,8 @@ class FedBN(GlobalModelAlgorithm):
     def __init__(self, hyper, ctx) -> None:
         super().__init__(hyper, ctx)
         self.bn = batchnorm_keys(ctx.model)
+        if hyper.local == "statistics":  # the buffers only: γ, β are averaged
+            self.bn = {k for k in self.bn if k in ctx.initial_buffers}
         if not self.bn:
             warnings.warn(
                 "fedbn: the model has no BatchNorm layers, so FedBN is FedAvg here; "
