@@ -1,14 +1,18 @@
 """The invariant methods do what their algorithm boxes say (issue 18's departures): FedSDR
 trains every client's personal model each round and its environment classifiers for K
-epochs."""
+epochs; FedSR keeps r_μ, r_σ and C on each client; FedPIN, FedSDR+pFedMe and FedSR average
+uniformly."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from test_invariant_methods import SETTINGS, SIZES, env_toy
+from toy import toy_data
 
+from fedshift.algorithms.base import RoundInfo
 from fedshift.api import make_config
+from fedshift.engine.tree import stack
 from fedshift.experiment import build_experiment
 
 
@@ -79,3 +83,69 @@ def test_fedsdr_environment_classifiers_train_k_epochs_per_local_iteration():
     calls = record_training(exp)
     exp.runner.run()
     assert [e for p, _, e in calls if p.startswith("fedsdr/env")] == [2, 2]
+
+
+# ---- FedSR: r_μ, r_σ, C stay on the client ---------------------------------------------------
+
+
+def test_fedsr_reference_distributions_and_scale_stay_per_client():
+    exp = experiment("fedsr", rounds=2, participation=0.5, data=toy_data(sizes=SIZES))
+    exp.runner.run()
+    server, state = exp.runner.server, exp.runner.store.state
+    assert not any("ref_" in k or "scale" in k for k in server)
+    refs = ("p/fedsr.ref_mu", "p/fedsr.ref_sigma", "p/fedsr.scale")
+    assert set(state) == set(refs)
+    k, d = exp.ctx.data.num_classes, exp.ctx.model.feature_dim
+    assert state["p/fedsr.ref_mu"].shape == (len(SIZES), k, d)
+    moved = [not torch.equal(state["p/fedsr.ref_mu"][c], torch.zeros(k, d)) for c in range(4)]
+    assert 0 < sum(moved) <= 4  # clients that trained moved theirs ...
+    trained = [c for c in range(4) if moved[c]]
+    if len(trained) > 1:  # ... each to its own values
+        a, b = trained[:2]
+        assert not torch.equal(state["p/fedsr.ref_mu"][a], state["p/fedsr.ref_mu"][b])
+    for c in range(4):
+        if not moved[c]:  # never sampled: still the authors' initialisation
+            torch.testing.assert_close(state["p/fedsr.scale"][c], torch.ones(()))
+
+
+# ---- uniform averaging (the boxes' 1/|S^t| Σ) ----------------------------------------------
+
+
+def uniform_check(exp, keys, aggregate):
+    server = exp.runner.server
+    weights = torch.tensor([1.0, 9.0])  # very unequal n_u must not matter
+    uploads = {k: torch.stack([server[k] + 1.0, server[k] + 3.0]) for k in keys}
+    out = aggregate(server, uploads, RoundInfo(torch.tensor([0, 1]), weights, 0))
+    for k in keys:
+        torch.testing.assert_close(out[k], server[k] + 2.0)
+
+
+def test_fedpin_averages_the_global_models_uniformly():
+    exp = experiment("fedpin")
+    server = exp.runner.server
+    shared = [k for k in server if not k.startswith("aux.client")]
+    keys = [k for k in shared if server[k].is_floating_point()]
+
+    def aggregate(server, uploads, info):
+        rows = {k: server[k][info.ids] for k in ("aux.client_weight", "aux.client_bias")}
+        return exp.runner.alg.aggregate(server, {**uploads, **rows}, info)
+
+    uniform_check(exp, keys, aggregate)
+
+
+def test_fedsdr_pfedme_averages_the_global_model_uniformly():
+    exp = experiment("fedsdr-pfedme", {"inner_steps": 1})
+    server = exp.runner.server
+    keys = [k for k in server if k.startswith(("p/", "sd/p/"))]
+    rest = {k: v for k, v in server.items() if k.startswith(("env.", "sd/b/", "b/"))}
+
+    def aggregate(server, uploads, info):
+        return exp.runner.alg.aggregate(server, {**uploads, **stack(rest, 2)}, info)
+
+    uniform_check(exp, keys, aggregate)
+
+
+def test_fedsr_averages_uniformly():
+    exp = experiment("fedsr", data=toy_data(sizes=SIZES))
+    keys = [k for k in exp.runner.server if k.startswith("p/")]
+    uniform_check(exp, keys, exp.runner.alg.aggregate)

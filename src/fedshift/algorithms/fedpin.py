@@ -8,7 +8,8 @@ with ω_a = argmin R(ω_a(Φ_g, u)), an auxiliary classifier of Φ_g(x) and the 
 Local (eq. 5.11): an ERM model Ψ_u, and the personalized model ω_u∘Φ_u trained on
 R + λ·L_con(Φ_u; Φ_g, Ψ_u) + γ·Var(Φ_u(X)). Per round (Alg. 5): K epochs of Ψ_u, then K
 epochs of the personalized model against the received Φ_g, then R epochs (the run's
-local training) of the global sub-objective; the server averages Φ_g, ω_g, ω_a.
+local training) of the global sub-objective; the server averages Φ_g, ω_g, ω_a uniformly over
+the participants (Alg. 5's aggregation, 1/|A_t| Σ_u; not weighted by n_u).
 
 Choices: (1) the box's joint gradient step would make ω_a *maximise* its own risk; we follow
 Prop. 5.4.1 instead: ω_a descends R_a with Φ_g held fixed while Φ_g receives −α∇R_a (a
@@ -192,7 +193,8 @@ class FedPIN(Algorithm):
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         shared = {k: v for k, v in uploads.items() if k not in CLIENT_AUX}
-        out = weighted_mean(shared, info.num_examples)  # Φ_g, ω_g and the shared part of ω_a
+        # Φ_g, ω_g and the shared part of ω_a: Alg. 5's global aggregation, 1/|A_t| Σ_u
+        out = weighted_mean(shared, torch.ones(len(info.ids)))
         for k in CLIENT_AUX:  # each client's own row of ω_a comes back from that client
             rows = server[k].clone()
             rows[info.ids.to(rows.device)] = uploads[k].to(rows.dtype)

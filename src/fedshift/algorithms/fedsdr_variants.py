@@ -14,12 +14,13 @@ against the received Ψ^t, then FedSDR's discovery iterations.
 steps θ_u ← θ_u − η(∇ℓ_SR(θ_u) + μ(θ_u − w_u)), then w_u ← w_u − η_g·μ(w_u − θ_u); the box
 reuses γ for the proximal weight, we call it μ (pFedMe's λ, default 15) to keep γ for Î.
 θ_u is kept across rounds (the box never resets it) and trains every round on every client
-(line 4; a client outside S^t discards its w_u). Evaluated with θ_u.
+(line 4; a client outside S^t discards its w_u). The server averages w_u uniformly
+(line 21: 1/|S^t| Σ). Evaluated with θ_u.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -110,7 +111,8 @@ class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         keys = [k for k in server if k.startswith(("p/", "b/"))]
+        uniform = replace(info, num_examples=torch.ones_like(info.num_examples))  # line 21
         w = PFedMe.aggregate(
-            self, {k: server[k] for k in keys}, {k: uploads[k] for k in keys}, info
+            self, {k: server[k] for k in keys}, {k: uploads[k] for k in keys}, uniform
         )
         return self.discovery_aggregate({**server, **w}, uploads, info)

@@ -5,8 +5,11 @@ Stochastic representation z ~ N(μ(x), diag σ²(x)) with [μ, σ_raw] = A·Φ(x
 layer after the model's extractor; σ = softplus(σ_raw)), classifier ω(z). Client loss:
   CE(ω(z), y) + α_L2R·E‖z‖ + α_CMI·E[KL(N(Cμ, C²σ²) ‖ N(r_μ[y], r_σ[y]²))]
 (L2R and the conditional-mutual-information bound, eqs. 6–8); r_μ, r_σ (class-wise
-reference Gaussians, r_σ = softplus(r_σ_raw)) and the scale C are learned, and every
-parameter is averaged as in FedAvg. Defaults α_L2R = 1e-2, α_CMI = 5e-4 (authors' code).
+reference Gaussians, r_σ = softplus(r_σ_raw)) and the scale C are learned and stay on each
+client (persistent client state): the authors' code (atuannguyen/FedSR, methods/FedSR.py)
+keeps them outside the ``model`` whose state_dict ``communicate`` averages. The server
+averages Φ, A and ω uniformly over the participants, as that ``communicate`` does
+(sum / number of clients). Defaults α_L2R = 1e-2, α_CMI = 5e-4 (authors' code).
 Choices: one sample z = μ + σ·ε per example (ε from the engine's per-client seeded noise);
 L2R as the mean Euclidean norm of z (authors' code); evaluation with z = μ, so the
 evaluated model is Φ with head ω∘A_μ folded into one Linear layer; A initialised like
@@ -21,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.rng import torch_seed
-from ..engine.tree import Tree, with_prefix
+from ..engine.tree import Tree, stack, weighted_mean, with_prefix
 from ..options import opt, require
-from .base import ClientResult, Payload, Prediction, register_algorithm
+from .base import ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy
 from .common.split import classify, features, is_head, require_linear_head
@@ -57,18 +60,25 @@ class FedSR(FedAvg):
         self.dim = ctx.model.feature_dim
 
     def init(self) -> Tree:
-        d, k = self.dim, self.ctx.data.num_classes
+        d = self.dim
         g = torch.Generator().manual_seed(torch_seed(self.ctx.seed, 0, 0, "fedsr/init"))
         bound = d**-0.5  # nn.Linear's default initialisation, U(−1/√d, 1/√d)
         extra = {
             "fedsr.rep.weight": (torch.rand(2 * d, d, generator=g) * 2 - 1) * bound,
             "fedsr.rep.bias": (torch.rand(2 * d, generator=g) * 2 - 1) * bound,
+        }
+        extra = {name: v.to(self.ctx.device) for name, v in extra.items()}
+        return {**super().init(), **with_prefix(extra, "p/")}
+
+    def init_client_state(self, server: Tree) -> Tree:
+        """Each client's own r_μ, r_σ_raw and C (authors' initialisation)."""
+        d, k = self.dim, self.ctx.data.num_classes
+        refs = {
             "fedsr.ref_mu": torch.zeros(k, d),
             "fedsr.ref_sigma": torch.ones(k, d),
             "fedsr.scale": torch.ones(()),
         }
-        extra = {name: v.to(self.ctx.device) for name, v in extra.items()}
-        return {**super().init(), **with_prefix(extra, "p/")}
+        return with_prefix({name: v.to(self.ctx.device) for name, v in refs.items()}, "p/")
 
     def distribution(self, params: Tree, buffers: Tree, x):
         out = F.linear(
@@ -91,11 +101,25 @@ class FedSR(FedAvg):
         return risk + self.hp.l2r * l2r + self.hp.cmi * cmi
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
-        params, buffers, _ = self.start_from_broadcast(payload, len(cohort))
+        n = len(cohort)
+        params, buffers = split_state(payload.broadcast)
+        refs, _ = split_state(state)  # this client's r_μ, r_σ, C
         sizes = self.ctx.data.train.sizes()
         batch = self.ctx.batch_size if self.ctx.batch_size > 0 else max(int(sizes.max()), 1)
-        out = self.ctx.train(self.loss, params, buffers, cohort, noise={"eps": (batch, self.dim)})
-        return ClientResult(model_state(out.params, out.buffers), {}, cohort.num_examples, out.loss)
+        out = self.ctx.train(
+            self.loss,
+            {**stack(params, n), **refs},
+            stack(buffers, n),
+            cohort,
+            noise={"eps": (batch, self.dim)},
+        )
+        shared = {k: v for k, v in out.params.items() if k not in refs}
+        kept = with_prefix({k: out.params[k] for k in refs}, "p/")
+        return ClientResult(model_state(shared, out.buffers), kept, cohort.num_examples, out.loss)
+
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
+        """Uniform mean over the participants (the authors' ``communicate``)."""
+        return weighted_mean(uploads, torch.ones(len(info.ids)))
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         params, buffers = split_state(server)
