@@ -4,7 +4,10 @@ by local ERM, as FTFA does for FedAvg (Cheng, Chadha, Duchi 2021; common/finetun
 
 Personal model: θ_i = SGD^E(R_i; from w_IRM), E = ``finetune_epochs``; the copies are not
 kept. Defaults: 1 epoch at the run's learning rate, as FTFA (the thesis gives no value).
-``finetune_epochs = 0`` → IRM†'s predictions (tested).
+``finetune_epochs = 0`` → IRM†'s predictions (tested). The global model is trained exactly
+as ``irm`` (server optimiser, penalty annealing and the rescaling rule: the objective is
+divided by λ only under a scale-free server step, irm.py); with the FedAdam anchor recipe
+(one local step of lr 1) give ``finetune_lr`` explicitly, as the run's lr is then 1.
 """
 
 from __future__ import annotations

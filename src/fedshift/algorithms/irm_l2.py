@@ -8,6 +8,9 @@ client received; w follows IRM† exactly (tested: same server state as `irm`).
 Choices (the thesis names the regulariser only): Ditto's reading — persistent v_i updated
 on the sampled clients every round with the run's local epochs (common/personal.py),
 evaluated with v_i; default λ = 1, Ditto's default. λ = 0 → Local training (tested).
+w inherits ``irm``'s server optimiser and rescaling rule (the objective divided by λ only
+under a scale-free server step, irm.py); the personal models v_i always take plain SGD
+steps on R_i + (λ/2)‖v_i − w‖², never rescaled.
 """
 
 from __future__ import annotations

@@ -24,15 +24,30 @@ drawn once per image); validation ``p=0.1`` uses ``val_fraction`` of each partit
 training images. ``oracle=true`` colours training images with p = 0.5 (colour independent
 of the label, so it carries no information), leaving validation and test environments as
 they are: the curve of a model that never saw the shortcut.
+
+``construction = "arjovsky"`` builds instead exactly the dataset of Arjovsky et al. (§5.1 and
+their code, facebookresearch/InvariantRiskMinimization, code/colored_mnist/main.py): the
+first 50,000 official training images, shuffled (seeded here; the reference's global numpy
+shuffle is unseeded), environment k of K = len(p_train) taking images k, k + K, …
+(25,000 each for two: the reference's [::2] and [1::2]); label y = [digit < 5] flipped
+with probability ``label_noise``; colour c = y flipped with probability 1 − p; the image
+kept in channel c, the other zeroed; /255. All ten digits in every environment.
+Environment k is dealt evenly over clients k·(clients/K) …; test environments recolour
+the remaining 10,000 training images [50000:] (the reference's test set, p = 0.1), dealt
+evenly over all clients; no validation environment (the reference has none); ``partitions``,
+``classes_per_label``, ``env_assignment``, ``p_val`` and ``val_fraction`` do not apply.
+``grayscale = true`` (either construction) sums the two channels into one 1×14×14 image:
+the reference's ``--grayscale_model`` oracle, whose input carries no colour.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from ...options import opt, require
 from .. import partition as P
@@ -54,6 +69,8 @@ from ._images import (
 )
 
 GREEN, RED = 1, 0
+CONSTRUCTIONS = ("thesis", "arjovsky")
+ARJOVSKY_TRAIN = 50_000  # the reference trains on images [:50000], tests on [50000:]
 
 
 @dataclass
@@ -80,12 +97,29 @@ class ColouredOptions:
     samples: int = opt(0, "use at most this many training images in total (0 = all 60,000)")
     test_samples: int = opt(0, "use at most this many test images in total (0 = all 10,000)")
     oracle: bool = opt(False, "shortcut-free variant: training colour independent of the label")
+    construction: str = opt(
+        "thesis",
+        "thesis (2+2 classes per partition, official test set) or arjovsky (Arjovsky et al. "
+        "2019: all digits, one client per environment, test = training images 50000:)",
+        CONSTRUCTIONS,
+    )
+    grayscale: bool = opt(False, "sum the colour channels into one grey channel (the oracle)")
     download: bool = opt(False, "download missing MNIST/Fashion-MNIST files (off: offline)")
 
     def __post_init__(self) -> None:
-        require(self.partitions >= 1, f"scenario.partitions={self.partitions} must be >= 1")
         require(
-            self.clients >= 1 and self.clients % self.partitions == 0,
+            self.construction in CONSTRUCTIONS,
+            f"scenario.construction must be one of {CONSTRUCTIONS}",
+        )
+        require(self.partitions >= 1, f"scenario.partitions={self.partitions} must be >= 1")
+        groups = len(self.p_train) if self.construction == "arjovsky" else self.partitions
+        require(
+            self.clients >= 1 and self.clients % groups == 0,
+            f"scenario.clients={self.clients} must be a positive multiple of "
+            f"len(scenario.p_train)={groups} (construction arjovsky)",
+        )
+        require(
+            self.construction == "arjovsky" or self.clients % self.partitions == 0,
             f"scenario.clients={self.clients} must be a positive multiple of "
             f"scenario.partitions={self.partitions}",
         )
@@ -114,6 +148,8 @@ class ColouredOptions:
     def rate(self) -> float:
         if self.participation > 0:
             return self.participation
+        if self.construction == "arjovsky":
+            return 1.0
         return 1.0 if self.clients == self.partitions else 0.1
 
 
@@ -154,6 +190,94 @@ def choose_classes(o: ColouredOptions, rng: np.random.Generator) -> np.ndarray:
 
 
 def build_coloured(name: str, dataset: str, o: ColouredOptions, seed: int, data_dir):
+    build = build_arjovsky if o.construction == "arjovsky" else build_thesis
+    data = build(name, dataset, o, seed, data_dir)
+    return to_grayscale(data) if o.grayscale else data
+
+
+def to_grayscale(data: FederatedData) -> FederatedData:
+    """Every split's two colour channels summed into one (``[n, 1, 14, 14]``)."""
+
+    def grey(s: Split) -> Split:
+        return Split(s.x.sum(1, keepdim=True), s.y, s.offsets, s.env)
+
+    return replace(
+        data,
+        train=grey(data.train),
+        test={k: grey(v) for k, v in data.test.items()},
+        val={k: grey(v) for k, v in data.val.items()},
+        input_shape=(1, *data.input_shape[1:]),
+        info={**data.info, "grayscale": True},
+    )
+
+
+def build_arjovsky(name: str, dataset: str, o: ColouredOptions, seed: int, data_dir):
+    """Arjovsky et al.'s Coloured MNIST (see the module docstring)."""
+
+    def rng(purpose: str, *extra: int) -> np.random.Generator:
+        return P.make_rng(seed, f"{name}/arjovsky/{purpose}", *extra)
+
+    x, digits = load_grey(dataset, True, data_dir, o.download)
+    x, digits = to_unit(downsample(x)), digits.numpy()
+    envs, ways = len(o.p_train), o.clients // len(o.p_train)
+    train_pool = rng("shuffle").permutation(ARJOVSKY_TRAIN)
+    if o.samples:
+        train_pool = train_pool[: o.samples]
+    test_pool = np.arange(ARJOVSKY_TRAIN, len(digits))
+    test_pool = test_pool[cap_pool(len(test_pool), o.test_samples, rng("test-samples"))]
+
+    def labels(pool: np.ndarray, purpose: str) -> np.ndarray:  # [digit < 5] xor Bernoulli(noise)
+        flip = rng(purpose).random(len(pool)) < o.label_noise
+        return (digits[pool] < 5).astype(np.int64) ^ flip.astype(np.int64)
+
+    def coloured(pool: np.ndarray, y: np.ndarray, p, purpose: str, *extra: int) -> Tensor:
+        flip = rng(purpose, *extra).random(len(pool)) >= np.asarray(p)  # w.p. 1 − p
+        return two_channel(x[torch.from_numpy(pool)], y ^ flip.astype(np.int64))
+
+    env_pools = [train_pool[k::envs] for k in range(envs)]  # reference: [::2], [1::2]
+    train_part = from_lists(
+        [c for k in range(envs) for c in deal(env_pools[k], ways, rng("clients", k))]
+    )
+    env = np.repeat(np.arange(o.clients) // ways, train_part.sizes())
+    pool = train_part.indices
+    y = labels(pool, "label-noise")
+    p_img = np.full(len(pool), 0.5) if o.oracle else np.asarray(o.p_train)[env]
+    train = Split(
+        coloured(pool, y, p_img, "train-colours"),
+        torch.from_numpy(y),
+        torch.from_numpy(train_part.offsets),
+        torch.from_numpy(env),
+    )
+    test_part = from_lists(deal(test_pool, o.clients, rng("test-clients")))
+    ty = labels(test_part.indices, "test-label-noise")
+
+    def environment(p: float) -> Split:  # seeded by p: "p=0.1" is the same whatever is listed
+        xx = coloured(test_part.indices, ty, p, "test", int(round(p * 1_000_000)))
+        return Split(xx, torch.from_numpy(ty), torch.from_numpy(test_part.offsets))
+
+    return FederatedData(
+        name=name,
+        num_classes=2,
+        input_shape=(2, 14, 14),
+        train=train,
+        test={env_name(p): environment(p) for p in o.p_test},
+        train_env_names=[env_name(p) for p in o.p_train],
+        default_model="mlp",
+        participation=o.rate(),
+        info={
+            "dataset": dataset,
+            "construction": "arjovsky",
+            "oracle": o.oracle,
+            "label_noise": o.label_noise,
+            "label_rule": "y = [digit < 5] xor Bernoulli(label_noise); channel = y xor "
+            "Bernoulli(1 - p) (Arjovsky et al. 2019 reference code)",
+            "client_train_env": [env_name(o.p_train[k // ways]) for k in range(o.clients)],
+            "channels": ["channel 0 (label-0 colour)", "channel 1 (label-1 colour)"],
+        },
+    )
+
+
+def build_thesis(name: str, dataset: str, o: ColouredOptions, seed: int, data_dir):
     def rng(purpose: str, *extra: int) -> np.random.Generator:
         return P.make_rng(seed, f"{name}/{purpose}", *extra)
 
