@@ -36,13 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 from torch.func import grad
 
 from ..engine.sgd import SGDConfig
 from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
+from .common.adaptive import ADAM_BETAS, ADAM_EPS, adam_step  # noqa: F401 (re-export)
 from .common.global_model import model_state, split_state
 from .common.invariance import groupdro_weights, irm_weight, irmv1_penalty
 from .common.losses import cross_entropy, squared_distance
@@ -50,18 +50,6 @@ from .common.proximal import move_to, prox_solve, report_as
 from .common.representation import one_hot
 
 ADAM_KEYS = ("am/", "av/", "ak/")  # Adam first / second moments and step counts
-ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
-
-
-def adam_step(p: Tree, g: Tree, m: Tree, v: Tree, k: Tensor, lr: float):
-    """torch.optim.Adam's update (no weight decay) as a pure function; ``k`` = steps done."""
-    b1, b2 = ADAM_BETAS
-    k = k + 1
-    m = {n: b1 * m[n] + (1 - b1) * g[n] for n in p}
-    v = {n: b2 * v[n] + (1 - b2) * g[n] ** 2 for n in p}
-    c1, c2 = 1 - b1**k, 1 - b2**k
-    p = {n: p[n] - (lr / c1) * m[n] / ((v[n] / c2).sqrt() + ADAM_EPS) for n in p}
-    return p, m, v, k
 
 
 @dataclass(frozen=True)
