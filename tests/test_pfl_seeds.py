@@ -148,9 +148,12 @@ def test_jsd_estimator_known_case():
 # ---- reductions ------------------------------------------------------------------------
 
 
-def test_cgpfl_k1_is_pfedme_local_solver():
-    """K = 1, α = 1: one round equals pFedMe's bi-level local solver written out by hand."""
+@pytest.mark.parametrize("omega_step", ["pfedme", "thesis"])
+def test_cgpfl_k1_is_pfedme_local_solver(omega_step):
+    """K = 1, α = 1: one round equals pFedMe's bi-level local solver written out by hand,
+    with the ω̃ step β·λ(ω̃ − θ) (pFedMe, default) or β·(2/N)(ω̃ − θ) (thesis line 10)."""
     lam, s_steps, r_iters, lr = 2.0, 2, 3, 0.05
+    c = lam if omega_step == "pfedme" else 2 / 7  # toy data: N = 7
     out = run(
         "cgpfl",
         rounds=1,
@@ -160,6 +163,7 @@ def test_cgpfl_k1_is_pfedme_local_solver():
             "inner_steps": s_steps,
             "local_iterations": r_iters,
             "personal_lr": 0.03,
+            "omega_step": omega_step,
         },
     )
     exp = experiment("cgpfl", K=1)
@@ -183,7 +187,7 @@ def test_cgpfl_k1_is_pfedme_local_solver():
                 )
                 grads = torch.autograd.grad(f, list(th.values()))
                 theta = {k: (th[k] - 0.03 * g).detach() for (k, g) in zip(th, grads, strict=True)}
-            omega = {k: omega[k] - lr * lam * (omega[k] - theta[k]) for k in omega}
+            omega = {k: omega[k] - lr * c * (omega[k] - theta[k]) for k in omega}
         omegas.append(omega)
     server = out.result.server
     for k in w0:

@@ -5,7 +5,9 @@ local copy ω̃ of a server model by the Moreau-envelope objective
     F(θ; ω̃) = R(θ) + (λ/2)·‖θ − ω̃‖²,
 
 For r = 1..R local iterations, one minibatch D_r is drawn; θ takes S gradient steps on
-F(θ; ω̃) over D_r (lr η), then ω̃ ← ω̃ − β·λ·(ω̃ − θ) (the gradient of the regulariser in ω̃).
+F(θ; ω̃) over D_r (lr η), then ω̃ ← ω̃ − β·c·(ω̃ − θ), a gradient step on a regulariser in
+ω̃ with weight c = ``omega_weight``: pFedMe's Alg. 1 line 8 (and its code) use c = λ, the
+gradient of (λ/2)‖θ − ω̃‖²; CGPFL's Alg. 1 line 10 uses ∇_ω G = (2/N)∇r, c = 2/N.
 Runs for a whole cohort at once: the iteration is written for one client and vmapped.
 """
 
@@ -42,6 +44,7 @@ def moreau_local_update(
     inner_lr: float,
     omega_lr: float,
     iterations: int,
+    omega_weight: float,
     purpose: str = "train",
 ) -> MoreauResult:
     """R = ``iterations`` local iterations of pFedMe/CGPFL for every client of ``cohort``.
@@ -65,8 +68,8 @@ def moreau_local_update(
             g, value = grad(objective, has_aux=True)(th, om, bufs, x, y, w)
             th = {k: th[k] - inner_lr * g[k] for k in th}
             total = total + value
-        # line 9: ω̃ ← ω̃ − β·∇_ω̃ (λ/2)‖θ − ω̃‖²
-        om = {k: om[k] - omega_lr * lambda_ * (om[k] - th[k]) for k in om}
+        # ω̃ ← ω̃ − β·c·(ω̃ − θ) (pFedMe line 8: c = λ; CGPFL line 10: c = 2/N)
+        om = {k: om[k] - omega_lr * omega_weight * (om[k] - th[k]) for k in om}
         return th, om, total / inner_steps
 
     step = vmap(iteration)
