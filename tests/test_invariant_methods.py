@@ -85,12 +85,47 @@ def test_fedpin_variants_and_validation():
     same_clients(pm0, pm)  # pm-lambda0 is pm with λ = 0
     # gm evaluates the global model; its accuracy per client differs from personal models
     assert gm.metrics["per_client"] != pytest.approx(pm.metrics["per_client"], abs=1e-6)
-    for v in ("gm-ft", "gm-l2", "pm-gamma0"):
-        assert run("fedpin", {"variant": v}).metrics["average"] >= 0
     with pytest.raises(FedshiftError):
         run("fedpin", {"variant": "nope"})
     with pytest.raises(FedshiftError):
         run("fedpin", {"tau": 0.0})
+
+
+def test_fedpin_gm_ft_trains_like_gm_and_evaluates_fine_tuned_models():
+    gm, ft = run("fedpin", {"variant": "gm"}), run("fedpin", {"variant": "gm-ft"})
+    for k, v in gm.result.server.items():  # the same global anchor ...
+        torch.testing.assert_close(ft.result.server[k], v)
+    # ... evaluated after each client's K epochs of local fine-tuning
+    assert ft.metrics["per_client"] != pytest.approx(gm.metrics["per_client"], abs=1e-6)
+
+
+def test_fedpin_gm_l2_ties_the_personal_model_to_the_anchor():
+    # μ = 0: the personal model is local ERM, the same as pm with λ = γ = 0
+    free = run("fedpin", {"variant": "gm-l2", "l2_weight": 0.0})
+    same_clients(free, run("fedpin", {"lambda_": 0.0, "gamma": 0.0}))
+
+    def distance(options):
+        exp = build_experiment(
+            make_config(algorithm="fedpin", algorithm_options=options, **SETTINGS), env_toy()
+        )
+        exp.runner.run()
+        server, state = exp.runner.server, exp.runner.store.state
+        return sum(
+            float(((state[f"pm/{k}"] - server[k]) ** 2).sum()) for k in server if k[:2] == "p/"
+        )
+
+    # μ > 0 pulls it towards θ_g: the larger μ, the closer
+    far = distance({"variant": "gm-l2", "l2_weight": 0.0})
+    near = distance({"variant": "gm-l2", "l2_weight": 5.0})
+    assert near < 0.5 * far
+
+
+def test_fedpin_pm_gamma0_is_pm_without_the_variance_term():
+    a = run("fedpin", {"variant": "pm-gamma0", "gamma": 0.5})
+    same_clients(a, run("fedpin", {"gamma": 0.0}))
+    assert a.metrics["per_client"] != pytest.approx(
+        run("fedpin", {"gamma": 0.5}).metrics["per_client"], abs=1e-6
+    )
 
 
 def test_fedsdr_gamma_zero_personal_models_ignore_discovery():
@@ -311,9 +346,13 @@ def _cmnist_available() -> bool:
 @pytest.mark.slow
 @pytest.mark.skipif(not _cmnist_available(), reason="needs MNIST under $FEDSHIFT_DATA")
 def test_fedsdr_worst_case_above_fedavg_on_small_cmnist():
-    """Reduced-scale ordering of thesis Table 4.2: FedSDR's worst case ≫ FedAvg's (colour).
-    At this scale FedSDR gets there by near-constant personal models (≈ 50 % everywhere on a
-    binary task, see docs/methods/invariant.md), not by learning the shape features."""
+    """Reduced-scale ordering of thesis Table 4.2 with a model that reads the digit: FedSDR's
+    worst case ≫ FedAvg's (the colour model), its accuracy flat over p_te and above the
+    50 % of a constant predictor (which this test must reject: on a binary task a constant
+    scores ≈ 50 % everywhere, above any colour model's worst case). At this scale the thesis's
+    moment estimator has no working γ (seed 0, 5 rounds: γ ≤ 0.03 keeps the colour, worst
+    ≤ 11; 0.05 gives 35 / 53 still tilted; γ ≥ 0.1 is a constant), so this uses the
+    ``prediction`` estimator (ours, docs/methods/invariant.md): 53.1 / 55.6 at seed 0."""
     common = dict(
         scenario="cmnist",
         scenario_options={"samples": 4000, "test_samples": 2000},
@@ -322,7 +361,11 @@ def test_fedsdr_worst_case_above_fedavg_on_small_cmnist():
         batch_size=128,
     )
     avg = fs.run(algorithm="fedavg", **common)
-    sdr = fs.run(
-        algorithm="fedsdr", algorithm_options={"gamma": 1.0, "personal_epochs": 2}, **common
-    )
-    assert sdr.metrics["worst"] >= avg.metrics["worst"] + 25
+    options = {"gamma": 1.0, "personal_epochs": 2, "mi_estimator": "prediction"}
+    sdr = fs.run(algorithm="fedsdr", algorithm_options=options, **common)
+    m = sdr.metrics
+    assert not m["degenerate"], m["degenerate_why"]
+    assert m["worst"] >= avg.metrics["worst"] + 25
+    assert m["average"] >= 54.0  # reads the digit, not a constant
+    per_env = list(m["per_env"].values())
+    assert max(per_env) - min(per_env) <= 10.0  # flat over p_te: not reading the colour
