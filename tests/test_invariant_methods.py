@@ -275,7 +275,8 @@ def test_perinvfl_adam_engine_step_matches_algorithm_by_hand():
         return dict(zip(start, (v.detach() for v in t), strict=True))
 
     def personal(t):
-        return irm(t) + beta * sum(((t[k] - nu[k]) ** 2).sum() for k in nu)
+        # eq. 3 rescaled as a whole: (L_INV + β‖θ − ν‖²) / λ
+        return irm(t) + beta / weight * sum(((t[k] - nu[k]) ** 2).sum() for k in nu)
 
     hand_theta = by_hand(theta, personal, eta, 3)
     hand_nu = by_hand(nu, irm, gamma, 1)

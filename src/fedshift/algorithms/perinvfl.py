@@ -12,8 +12,9 @@ Choices (the paper's implementation section is empty; its RC-MNIST model, two hi
 layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that recipe):
 * IRM: penalty weight 1 for ``anneal_rounds`` rounds, then λ = 91257, the loss divided by
   the weight when it exceeds 1 (as ``irm``), one penalty per local environment when the data
-  carry environment ids (the whole client otherwise). The prox term β‖θ − ν‖² is added to
-  that rescaled L_INV as line 8 is written (so after annealing θ_i stays close to ν).
+  carry environment ids (the whole client otherwise). The prox term is rescaled with it:
+  θ_i descends (L_INV + β‖θ − ν‖²) / max(1, λ), so its weight relative to L_INV is β, as in
+  eq. 3 and line 8 (adding it to the rescaled L_INV would weigh it λβ ≈ 9e4·β).
 * ``optimizer = "adam"`` (default): lines 8 and 9 are Adam steps (torch defaults β = (0.9,
   0.999), ε = 1e-8) along the gradients Alg. 1 names, with lrs η and γ. Dividing the loss by
   λ only keeps the step size under a scale-invariant optimiser; under plain SGD the ERM term
@@ -121,6 +122,12 @@ class PerInvFL(Algorithm):
         pen = torch.stack([irmv1_penalty(logits, y, m) for m in masks])
         return ((risks + weight * pen) * present).sum() / torch.clamp(weight, min=1.0)
 
+    def prox_weight(self, extras: Tree):
+        """β, divided by the IRMv1 weight when L_INV is (so β stays relative to L_INV)."""
+        if self.hp.inv == "groupdro":
+            return self.hp.beta
+        return self.hp.beta / torch.clamp(extras["weight"], min=1.0)
+
     def global_inv(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """L_INV^i(ν; D_i), the client as one environment of the global objective (eq. 5),
         and the plain risk R_i(ν) (uploaded: GroupDRO's server step needs it)."""
@@ -142,8 +149,9 @@ class PerInvFL(Algorithm):
         def personal(t: Tree):
             return self.local_inv(t, buffers, extras, x, y, w)
 
-        # Alg. 1 line 8: S steps on L_INV(θ) + β‖θ − ν_{i,r}‖² (gradient 2β(θ − ν))
-        solved = prox_solve(personal, theta, nu, 2 * self.hp.beta, eta, self.hp.personal_steps)
+        # Alg. 1 line 8: S steps on (L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
+        beta = self.prox_weight(extras)
+        solved = prox_solve(personal, theta, nu, 2 * beta, eta, self.hp.personal_steps)
         g, risk = self.global_inv(nu, buffers, extras, x, y, w)  # line 9, lr γ = run's lr
         return report_as(move_to(theta, solved, self.ctx.sgd.lr) + g, risk)
 
@@ -155,8 +163,10 @@ class PerInvFL(Algorithm):
         nu = {k: v for k, v in old.items() if "/" not in k}
         m, v = strip_prefix(old, "am/"), strip_prefix(old, "av/")
 
-        def personal(t: Tree):  # line 8: ∇(L_INV(θ) + β‖θ − ν_{i,r}‖²) = ∇L_INV + 2β(θ − ν)
-            return self.local_inv(t, buffers, extras, x, y, w) + hp.beta * squared_distance(t, nu)
+        beta = self.prox_weight(extras)
+
+        def personal(t: Tree):  # line 8: ∇(L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
+            return self.local_inv(t, buffers, extras, x, y, w) + beta * squared_distance(t, nu)
 
         theta, mt, vt = (strip_prefix(d, "pm/") for d in (old, m, v))
         kt = old["ak/pm"]
