@@ -230,3 +230,18 @@ def test_digits_shortcut_env_seeded_by_value():
     b = build_scenario("digits-shortcut", {"p_test": [0.7, 0.2, 0.3]})
     assert torch.equal(a.test["p=0.3"].x, b.test["p=0.3"].x)
     assert torch.equal(a.test["p=0.7"].x, b.test["p=0.7"].x)
+
+
+def test_digits_shortcut_label_noise_is_shared_by_every_environment():
+    clean = build_scenario("digits-shortcut")
+    d = build_scenario("digits-shortcut", {"label_noise": 0.2})
+    flipped = float((d.train.y != clean.train.y).double().mean())
+    assert abs(flipped - 0.2) < 0.05, flipped
+    assert torch.equal(d.train.x[:, :, 2:10, 2:10], clean.train.x[:, :, 2:10, 2:10])
+    for split in d.test.values():  # every test environment scores the same (noisy) labels
+        assert torch.equal(split.y, d.test["p=0.0"].y)
+    # the border follows the noisy label: p = 1 agrees with it everywhere
+    assert _agreement(d.test["p=1.0"]) == 1.0
+    assert abs(_agreement(d.train) - 0.9) < 0.05
+    with pytest.raises(FedshiftError):
+        build_scenario("digits-shortcut", {"label_noise": 0.95})

@@ -452,7 +452,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="run seed")] = 0,
 ) -> None:
     """Offline demo: methods on digits with a planted colour shortcut, table and plot."""
-    from .demo import run_demo
+    from .demo import caveats, run_demo
 
     rows, plot = run_demo(out_dir, db, rounds, seed, progress=progress_bar)
     out.print(
@@ -463,6 +463,8 @@ def demo(
         "environments have p = 0.95 / 0.85, so methods that learn the colour shortcut fail "
         "at low p."
     )
+    for line in caveats(rows):
+        out.print(line)
     out.print(f"plot written to {plot}")
 
 

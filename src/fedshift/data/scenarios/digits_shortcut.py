@@ -7,7 +7,10 @@ a uniformly chosen other class. Training environments have high p, so the border
 easy shortcut; test environments sweep p from 0 to 1 over the *same* test images (only the
 border differs), so a model that learned the shortcut does well at p = 1 and badly at
 p = 0. ``oracle`` colours training borders independently of the label: the shortcut-free
-reference. Builds in milliseconds from data shipped with scikit-learn.
+reference. ``label_noise`` (off by default) replaces each label, once for all environments,
+by a uniformly chosen other class with that probability before the border is drawn, so the
+colour can be a better predictor than the digit (as in Arjovsky et al.'s Coloured MNIST).
+Builds in milliseconds from data shipped with scikit-learn.
 """
 
 from __future__ import annotations
@@ -57,6 +60,9 @@ class DigitsShortcutOptions:
     p_val: float = opt(0.1, "validation environment (for model selection, never test)")
     test_fraction: float = opt(0.3, "fraction of each client's images used for testing")
     val_fraction: float = opt(0.1, "fraction of each client's images used for validation")
+    label_noise: float = opt(
+        0.0, "probability a label is replaced by another class before the border is drawn"
+    )
     oracle: bool = opt(False, "colour training borders independently of the label")
     participation: float = opt(1.0, "default fraction of clients sampled per round")
 
@@ -65,6 +71,10 @@ class DigitsShortcutOptions:
         for key in ("p_train", "p_test"):
             require_probabilities(key, getattr(self, key))
         require(0.0 <= self.p_val <= 1.0, f"scenario.p_val={self.p_val} must lie in [0, 1]")
+        require(
+            0.0 <= self.label_noise < 0.9,
+            f"scenario.label_noise={self.label_noise} must lie in [0, 0.9)",
+        )
         require(
             0.0 < self.test_fraction
             and 0.0 <= self.val_fraction
@@ -104,6 +114,8 @@ def build_digits_shortcut(
 ) -> FederatedData:
     x, y = load_digits("all")
     y_np = y.numpy()
+    if o.label_noise > 0:  # one draw per image, so every environment sees the same labels
+        y_np = border_classes(y_np, 1.0 - o.label_noise, P.make_rng(seed, "digits-shortcut/noise"))
     n = len(y_np)
     require(o.clients <= n, f"scenario.clients={o.clients} exceeds the {n} digit images")
     whole = P.iid(n, o.clients, P.make_rng(seed, "digits-shortcut/clients"))
