@@ -29,7 +29,9 @@ thesis is silent (measurements in docs/methods/personalization.md, "Issue 19"):
   evaluated with (line 16 returns Θ). Local work is set by R and S (each local iteration
   draws one minibatch of the run's ``batch_size``); the run's ``local_epochs`` is not used,
   so a comparison with FedAvg at ``local_epochs = 1`` gives FedAvg far more local steps
-  (the Table 3.1 presets give every method R = 10 minibatch steps, as pFedMe's code does).
+  (pathological split, 40 rounds, seed 0: CGPFL 90.9 at R = 10, 96.1 at R = 40; FedAvg 91.5
+  at one epoch, 86.9 at 10 steps). The Table 3.1 presets give every method R = 10
+  minibatch steps, as pFedMe's code does.
 * k-means numbers clusters arbitrarily; new clusters are matched to the previous context
   models by a Hungarian assignment on centroid distances, so α < 1 mixes the right models.
 * Ω̃P averages a context's uploads uniformly (P's columns are 1/|C_k|, §3.5.2); with partial
