@@ -1,13 +1,13 @@
 """The invariant methods do what their algorithm boxes say (issue 18's departures): FedSDR
 trains every client's personal model each round and its environment classifiers for K
 epochs; FedSR keeps r_μ, r_σ and C on each client; FedPIN, FedSDR+pFedMe and FedSR average
-uniformly."""
+uniformly; PerInvFL's IRMv1 terms see the client's whole training set."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_invariant_methods import SETTINGS, SIZES, env_toy
+from test_invariant_methods import SETTINGS, SIZES, env_toy, run
 from toy import toy_data
 
 from fedshift.algorithms.base import RoundInfo
@@ -149,3 +149,20 @@ def test_fedsr_averages_uniformly():
     exp = experiment("fedsr", data=toy_data(sizes=SIZES))
     keys = [k for k in exp.runner.server if k.startswith("p/")]
     uniform_check(exp, keys, exp.runner.alg.aggregate)
+
+
+# ---- PerInvFL: L_INV on the client's training set (Alg. 1 lines 8-9) -----------------------
+
+
+def test_perinvfl_penalty_sees_the_whole_client_training_set():
+    options = {"anneal_rounds": 1, "irm_lambda": 10.0, "personal_steps": 2}
+    a = run("perinvfl", options, batch_size=4)
+    b = run("perinvfl", options, batch_size=64)
+    for k, v in a.result.server.items():  # the run's batch size does not enter
+        torch.testing.assert_close(b.result.server[k], v)
+    c = run("perinvfl", {**options, "batch": "minibatch"}, batch_size=4)
+    assert any(not torch.equal(c.result.server[k], v) for k, v in a.result.server.items())
+    exp = experiment("perinvfl", options, rounds=1)
+    calls = record_training(exp)
+    exp.runner.run()
+    assert len(calls) == 1  # one call: R = local_steps full-batch iterations

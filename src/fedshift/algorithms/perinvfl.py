@@ -3,10 +3,12 @@ Out-of-distribution Generalization in Federated Learning", arXiv 2022 (Algorithm
 
 Client objective (eqs. 2–3): min_θ_i L_INV(θ_i; E_i) + β‖θ_i − ν*‖², ν* = argmin_ν L_INV(ν; {D_i})
 with every client one environment of the global problem; L_INV ∈ {IRMv1, GroupDRO}.
-Algorithm 1, per local iteration r (one minibatch): S steps
-θ_i ← θ_i − η(∇L_INV(θ_i) + 2β(θ_i − ν_{i,r})) on that minibatch, then
-ν_{i,r+1} ← ν_{i,r} − γ∇L_INV(ν_{i,r}; D_i); R iterations = the run's local training,
-γ = the run's lr. Server: ν ← ν − α(ν − mean_i ν_i).
+Algorithm 1, per local iteration r: S steps θ_i ← θ_i − η(∇L_INV(θ_i; E_train^i) + 2β(θ_i −
+ν_{i,r})), then ν_{i,r+1} ← ν_{i,r} − γ∇L_INV(ν_{i,r}; D_i). Both gradients are on the client's
+whole training set (``batch = "client"``, the default: one local iteration = one full-batch
+step, R = the run's local_epochs or local_steps); ``batch = "minibatch"`` uses the run's
+batch size instead (the IRMv1 penalty of a minibatch is a biased estimate: the square of a
+minibatch mean). γ = the run's lr. Server: ν ← ν − α(ν − mean_i ν_i).
 
 Choices (the paper's implementation section is empty; its RC-MNIST model, two hidden
 layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that recipe):
@@ -24,8 +26,11 @@ layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that rec
   runs plain SGD, so the loss computes every new value (θ, ν, moments, step counts) and
   returns ½‖params − new‖², whose one step at lr 1 lands on it. ``"sgd"`` keeps plain steps
   (lrs η, γ as written; the run's momentum and weight decay are not used).
-* ``anneal_rounds = 1``: the reference anneals for 190 full-batch steps; one local epoch at
-  the paper's size (12,500 images, batch 64) is 196 steps.
+* ``anneal_rounds`` counts rounds (default 1); the reference anneals for 190 full-batch
+  steps of 501, so with ``batch = "client"`` and R local iterations per round the
+  reference schedule is ``anneal_rounds = 190 / R`` and 501 / R rounds (the rcmnist and
+  rcfmnist presets: R = 1, 190 and 501). With ``"minibatch"``, one local epoch at the
+  paper's size (12,500 images, batch 64) is 196 steps, hence the default 1.
 * GroupDRO: ν's client loss is N·q_i·R_i (q over clients, updated by the server from the
   uploaded losses, η_q), so uniform q is plain ERM; θ_i's local GroupDRO objective is the
   worst local-environment risk of the minibatch (= R_i with one local environment).
@@ -63,6 +68,12 @@ class PerInvFLHyper:
     irm_lambda: float = opt(91257.0, "IRMv1 penalty weight after annealing (as for irm)")
     anneal_rounds: int = opt(1, "rounds with IRMv1 penalty weight 1 before switching to λ")
     eta_q: float = opt(0.01, "GroupDRO step size of the client weights q")
+    batch: str = opt(
+        "client",
+        "data of one local iteration: client (the client's whole training set, Alg. 1 lines "
+        "8-9) or minibatch (the run's batch_size)",
+        ("client", "minibatch"),
+    )
     optimizer: str = opt(
         "adam",
         "local optimiser of θ (line 8) and ν (line 9): adam (the IRM reference recipe's; each "
@@ -73,6 +84,7 @@ class PerInvFLHyper:
     def __post_init__(self) -> None:
         require(self.inv in ("irm", "groupdro"), "algorithm.inv must be irm or groupdro")
         require(self.optimizer in ("sgd", "adam"), "algorithm.optimizer must be sgd or adam")
+        require(self.batch in ("client", "minibatch"), "algorithm.batch: client or minibatch")
         for name in ("beta", "personal_lr", "alpha", "irm_lambda", "eta_q"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
         require(self.personal_steps >= 0, "algorithm.personal_steps must be >= 0")
@@ -196,6 +208,9 @@ class PerInvFL(Algorithm):
         theta, _ = split_state(state)
         adam = {k: v for k, v in state.items() if k.startswith(ADAM_KEYS)}
         weight = irm_weight(payload.broadcast["round"], self.hp.anneal_rounds, self.hp.irm_lambda)
+        schedule = {}
+        if self.hp.batch == "client":  # R full-batch iterations
+            schedule = {"steps": self.ctx.local_epochs or self.ctx.local_steps, "batch_size": 0}
         out = self.ctx.train(
             self.loss,
             {**stack(nu, n), **with_prefix(theta, "pm/"), **adam},
@@ -204,6 +219,7 @@ class PerInvFL(Algorithm):
             sgd=SGDConfig(1.0 if self.hp.optimizer == "adam" else self.ctx.sgd.lr),
             shared={"weight": weight.to(self.ctx.device)},
             per_client={"q": payload.per_client["q"]},
+            **schedule,
         )
         local = {k: v for k, v in out.params.items() if "/" not in k}
         upload = {**model_state(local, out.buffers), "loss": out.loss}

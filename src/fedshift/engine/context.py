@@ -89,13 +89,15 @@ class Context:
         per_client: Tree | None = None,
         trainable: Callable[[str], bool] | None = None,
         noise: dict[str, tuple[int, ...]] | None = None,
+        batch_size: int | None = None,
     ) -> TrainResult:
         """Train stacked ``params`` of the cohort on each client's own training data.
 
         ``noise`` (name → shape): per-step standard-normal extras, seeded per client by
         (seed, round, client, purpose), for objectives that sample (see LocalTrainer.train).
+        ``batch_size`` overrides the run's (<= 0: each step sees the client's whole split).
         """
-        sched = self.schedule(cohort, purpose, epochs, steps)
+        sched = self.schedule(cohort, purpose, epochs, steps, batch_size)
         generators = None
         if noise:
             generators = [
