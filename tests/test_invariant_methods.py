@@ -78,6 +78,26 @@ def test_fedpin_lambda_gamma_zero_personal_model_is_local_erm():
     assert c.metrics["per_client"] != pytest.approx(d.metrics["per_client"], abs=1e-6)
 
 
+def test_fedpin_k_counts_local_steps_unless_epochs_are_asked_for():
+    # Alg. 5: Ψ_u and the personal model take K local *steps* per round
+    def personal(options):
+        exp = build_experiment(
+            make_config(algorithm="fedpin", algorithm_options=options, **SETTINGS), env_toy()
+        )
+        exp.runner.run()
+        return {k: v.clone() for k, v in exp.runner.store.state.items() if k[:3] == "pm/"}
+
+    one, four = personal({"personal_steps": 1}), personal({"personal_steps": 4})
+    assert any(not torch.equal(one[k], four[k]) for k in one)
+    # personal_epochs > 0 counts K in epochs and makes personal_steps irrelevant
+    e1, e4 = (personal({"personal_epochs": 1, "personal_steps": k}) for k in (1, 4))
+    for k in e1:
+        torch.testing.assert_close(e1[k], e4[k])
+    assert any(not torch.equal(e1[k], one[k]) for k in one)
+    with pytest.raises(FedshiftError):
+        run("fedpin", {"personal_steps": 0})
+
+
 def test_fedpin_variants_and_validation():
     gm = run("fedpin", {"variant": "gm"})
     pm0 = run("fedpin", {"variant": "pm-lambda0", "gamma": 0.0})

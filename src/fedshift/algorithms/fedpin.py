@@ -6,8 +6,8 @@ Global anchor (eq. 5.5, Prop. 5.4.1):
 min_{Φ_g, ω_g} E_u[(1+α)·R(ω_g∘Φ_g; D_u) − α·R(ω_a(Φ_g, u); D_u)]
 with ω_a = argmin R(ω_a(Φ_g, u)), an auxiliary classifier of Φ_g(x) and the client index u.
 Local (eq. 5.11): an ERM model Ψ_u, and the personalized model ω_u∘Φ_u trained on
-R + λ·L_con(Φ_u; Φ_g, Ψ_u) + γ·Var(Φ_u(X)). Per round (Alg. 5): K epochs of Ψ_u, then K
-epochs of the personalized model against the received Φ_g, then R epochs (the run's
+R + λ·L_con(Φ_u; Φ_g, Ψ_u) + γ·Var(Φ_u(X)). Per round (Alg. 5): K local steps of Ψ_u, then
+K steps of the personalized model against the received Φ_g, then R epochs (the run's
 local training) of the global sub-objective; the server averages Φ_g, ω_g, ω_a uniformly over
 the participants (Alg. 5's aggregation, 1/|A_t| Σ_u; not weighted by n_u).
 
@@ -19,7 +19,7 @@ logits and never see how the z–y relation differs between clients, which is wh
 I(E,U;Y|Φ_g) measures; each client trains (and uploads) only its own row W_u, b_u.
 (3) The thesis lists no values for α, λ, γ, τ, K; the defaults
 below are ours (documented in docs/methods/invariant.md). (4) Ablations of Table 5.2 are
-``variant``: gm (global model), gm-ft (global model fine-tuned K epochs at evaluation),
+``variant``: gm (global model), gm-ft (global model fine-tuned K steps at evaluation),
 gm-l2 (personal model trained with R + (μ/2)‖θ − θ_g‖²), pm-lambda0, pm-gamma0, pm.
 λ = γ = 0 leaves the personal model to plain local ERM.
 """
@@ -50,7 +50,12 @@ class FedPINHyper:
     lambda_: float = opt(1.0, "λ: weight of the contrastive term L_con in the local objective")
     gamma: float = opt(0.1, "γ: weight of the feature-variance (entropy bound) term")
     tau: float = opt(0.5, "τ: temperature of the contrastive loss")
-    personal_epochs: int = opt(1, "K: local epochs of Ψ_u and of the personalized model per round")
+    personal_steps: int = opt(
+        10, "K: local minibatch steps of Ψ_u and of the personalized model per round (Alg. 5)"
+    )
+    personal_epochs: int = opt(
+        0, "when > 0, K counts local epochs instead of personal_steps (the pre-fix reading)"
+    )
     variant: str = opt("pm", "ablation of thesis Table 5.2 to run and evaluate", VARIANTS)
     l2_weight: float = opt(1.0, "μ of the gm-l2 ablation: (μ/2)‖θ_u − θ_g‖²")
 
@@ -58,7 +63,8 @@ class FedPINHyper:
         for name in ("alpha", "lambda_", "gamma", "l2_weight"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
         require(self.tau > 0, f"algorithm.tau must be > 0, got {self.tau}")
-        require(self.personal_epochs >= 1, "algorithm.personal_epochs must be >= 1")
+        require(self.personal_steps >= 1, "algorithm.personal_steps must be >= 1")
+        require(self.personal_epochs >= 0, "algorithm.personal_epochs must be >= 0 (0 = use steps)")
         require(self.variant in VARIANTS, f"algorithm.variant must be one of {VARIANTS}")
 
 
@@ -130,6 +136,12 @@ class FedPIN(Algorithm):
         total = (1 + a) * risk_g - a * for_phi + for_aux
         return report_as(total, (1 + a) * risk_g - a * for_phi)
 
+    def k_local(self) -> dict[str, int]:
+        """K of Alg. 5 as ctx.train's schedule: K steps, or K epochs when personal_epochs > 0."""
+        if self.hp.personal_epochs > 0:
+            return {"epochs": self.hp.personal_epochs}
+        return {"steps": self.hp.personal_steps}
+
     def weights(self) -> tuple[float, float]:
         v = self.hp.variant
         return (
@@ -144,13 +156,13 @@ class FedPIN(Algorithm):
         shared = {**with_prefix(g_params, "gp/"), **with_prefix(g_buffers, "gb/")}
         new_state = dict(state)
         if hp.variant.startswith("pm"):
-            # Alg. 5: Ψ_u for K epochs of local ERM
+            # Alg. 5: Ψ_u for K local steps of ERM
             psi_p, psi_b = split_state(strip_prefix(state, "psi/"))
             psi = self.ctx.train(
-                self.erm_loss, psi_p, psi_b, cohort, "fedpin/erm", epochs=hp.personal_epochs
+                self.erm_loss, psi_p, psi_b, cohort, "fedpin/erm", **self.k_local()
             )
             new_state.update(with_prefix(model_state(psi.params, psi.buffers), "psi/"))
-            # personalized model for K epochs with Φ_g^t and Ψ_u
+            # personalized model for K local steps with Φ_g^t and Ψ_u
             pm_p, pm_b = split_state(strip_prefix(state, "pm/"))
             pm = self.ctx.train(
                 self.local_loss,
@@ -158,7 +170,7 @@ class FedPIN(Algorithm):
                 pm_b,
                 cohort,
                 "fedpin/personal",
-                epochs=hp.personal_epochs,
+                **self.k_local(),
                 shared=shared,
                 per_client={**with_prefix(psi.params, "sp/"), **with_prefix(psi.buffers, "sb/")},
             )
@@ -171,7 +183,7 @@ class FedPIN(Algorithm):
                 pm_b,
                 cohort,
                 "fedpin/personal",
-                epochs=hp.personal_epochs,
+                **self.k_local(),
                 shared=shared,
             )
             new_state.update(with_prefix(model_state(pm.params, pm.buffers), "pm/"))
@@ -214,7 +226,7 @@ class FedPIN(Algorithm):
                 stack(g_buffers, n),
                 cohort,
                 "finetune",
-                epochs=self.hp.personal_epochs,
+                **self.k_local(),
             )
             return Prediction(out.params, out.buffers, shared=False)
         params, buffers = split_state(strip_prefix(state, "pm/"))
