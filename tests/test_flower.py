@@ -33,7 +33,7 @@ from fedshift.results.store import RunStore  # noqa: E402
 # the methods that exist now, and those added by name as soon as they are registered
 # (IFCA / CGPFL send per-client payloads; Ditto and SCAFFOLD keep per-client state)
 METHODS = ["fedavg", "fedprox", "local", "ftfa", "irm", "groupdro"]
-LATER = ["ditto", "scaffold", "ifca", "cgpfl"]
+LATER = ["ditto", "scaffold", "ifca", "cgpfl", "pfedme"]  # pFedMe: unsampled clients train
 ALL = METHODS + [m for m in LATER if m in ALGORITHMS.names()]
 
 SMALL = {

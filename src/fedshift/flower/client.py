@@ -9,6 +9,8 @@ runs the algorithm contract for a cohort of one:
   per-client payload), keeps the new persistent client state in the node's Flower
   ``Context.state`` and replies with the upload (``ArrayRecord``) and its loss and
   aggregation weight (``MetricRecord``);
+  A ``train`` message with the server state instead of a payload is a round where the
+  client was not sampled but its method trains anyway (``update_unsampled``); no upload;
 * ``evaluate``: builds the client's predictor from the server state it receives and its own
   persistent state and replies with correct / total counts on each of its test and
   validation environments (the data never leaves the node).
@@ -142,6 +144,13 @@ def train(message: Message, context: Context) -> Message:
     dev = exp.ctx.device
     cohort = exp.ctx.cohort(torch.tensor([cid]), round_)
     arrays = message.content.array_records
+    if "broadcast" not in arrays:  # not sampled: update_unsampled on the server state
+        t0 = time.perf_counter()
+        server = from_record(arrays.get("server", ArrayRecord()), dev)
+        state = exp.algorithm.update_unsampled(server, _load_state(exp, context, job), cohort)
+        _save_state(exp, context, job, state)
+        timings = _timings(t_enter, time.perf_counter() - t0)
+        return Message(RecordDict({"result": MetricRecord(timings)}), reply_to=message)
     payload = Payload(
         broadcast=from_record(arrays.get("broadcast"), dev),
         per_client=from_record(arrays.get("per_client"), dev),

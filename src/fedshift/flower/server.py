@@ -5,6 +5,10 @@ steps replaced, in the same order: per round it samples clients with (seed, roun
 them into the same cohorts, calls ``configure`` per cohort and sends each sampled client's
 payload (broadcast + its own per-client row) to that client's node as a Flower ``train``
 message; the uploads come back, are stacked in sampled-id order and go to ``aggregate``.
+A method whose clients also train when not sampled (``trains_unsampled``: pFedMe, FedSDR)
+sends the others the server state in a ``train`` message without a payload; they run
+``update_unsampled`` on their own state and upload nothing (as in-process, this local work
+is not counted as communication).
 Evaluation sends the server state to every node (``evaluate`` messages); each node builds
 its client's predictor from it and its own persistent state and counts correct predictions
 per environment; the counts make the same [N, E] accuracy matrix and summary as in-process.
@@ -179,6 +183,12 @@ class FlowerRunner(Runner):
                     }
                 )
                 messages.append(self._message(content, client, "train", r))
+        if self.alg.trains_unsampled:  # local work of the others: the server state, no upload
+            sampled = set(ids.tolist())
+            for client in range(self.ctx.data.num_clients):
+                if client not in sampled:
+                    content = RecordDict({"server": to_record(self.server)})
+                    messages.append(self._message(content, client, "train", r))
         replies = self.exchange(messages, "train", r)
         uploads: list[Tree] = []
         weights, losses = [], []
