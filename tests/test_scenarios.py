@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedshift.data import SCENARIOS, FederatedData, Split, build_scenario
+from fedshift.data.scenarios.basic import load_images
 from fedshift.data.scenarios.digits_shortcut import COLOURS
 from fedshift.errors import FedshiftError
 
@@ -121,6 +122,23 @@ def test_pathological_defaults(shared_datasets):
         classes = set(torch.cat([d.train.client(i)[1], d.val["val"].client(i)[1]]).tolist())
         assert len(classes) == 3
         assert set(d.test["test"].client(i)[1].tolist()) <= classes
+
+
+def test_pathological_standardize_is_pfedmes_per_pixel_scaling(shared_datasets):
+    opts = {"dataset": "mnist", "clients": 5}
+    raw = build_scenario("pathological", opts, 0, shared_datasets)
+    std = build_scenario("pathological", {**opts, "standardize": True}, 0, shared_datasets)
+    assert float(raw.train.x.min()) >= 0.0 and float(raw.train.x.max()) <= 1.0
+    # the same images and partition, only rescaled per pixel by the statistics of the
+    # images the scenario draws from (all 60,000 training images here)
+    assert torch.equal(raw.train.y, std.train.y) and torch.equal(
+        raw.train.offsets, std.train.offsets
+    )
+    pooled, _ = load_images("mnist", True, shared_datasets, False)
+    mu, sigma = pooled.float().mean(0), pooled.float().std(0, unbiased=False)
+    pixels = (raw.train.x * 255).round()  # pFedMe scales the raw 0–255 pixel values
+    torch.testing.assert_close(std.train.x, (pixels - mu) / (sigma + 0.001), atol=1e-3, rtol=1e-4)
+    assert float(std.train.x.abs().max()) > 10  # rare pixels: pFedMe's scaling, not [0, 1]
 
 
 def test_scenario_option_errors():

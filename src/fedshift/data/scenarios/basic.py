@@ -95,6 +95,12 @@ class PathologicalOptions(_ImageOptions):
         [400, 5000], "[low, high]: each client's sample count ~ U[low, high] (CGPFL)"
     )
     test_fraction: float = opt(0.25, "fraction of each client's samples used for test (0.25)")
+    standardize: bool = opt(
+        False,
+        "per-pixel (x − mean) / (std + 0.001) of the 0–255 pixels over the images drawn"
+        " from, as pFedMe's data generator (the code CGPFL's Table 3.1 builds on);"
+        " off: pixels in [0, 1]",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -211,4 +217,14 @@ def build_pathological(o: PathologicalOptions, seed: int, data_dir: Path | None)
         o.test_fraction,
     )
     info = {"test_set": "each client's own samples, split train/test per client"}
+    if o.standardize:
+        x = standardized(x[pool], x)
     return _assemble("pathological", o, seed, x, y, train.remap(pool), x, y, test.remap(pool), info)
+
+
+def standardized(pooled: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """(x − μ) / (σ + 0.001) per pixel, μ and σ over ``pooled`` (pFedMe's
+    generate_niid_users_mnist.py; a statistic of the images only, never of a label)."""
+    mu = pooled.float().mean(0)
+    sigma = pooled.float().std(0, unbiased=False)
+    return (x.float() - mu) / (sigma + 0.001)
