@@ -242,6 +242,23 @@ def test_reproduce_methods_runs_the_chosen_subset(tmp_path):
     assert bad.exit_code == 2 and "unknown table" in bad.output
 
 
+def test_first_seed_runs_fresh_seeds(tmp_path):
+    tiny = tmp_path / "two.toml"
+    tiny.write_text(TWO)
+    args = ["reproduce", str(tiny), "--quick", "--json", "--db", str(tmp_path / "f.db")]
+    result = CliRunner().invoke(
+        app, [*args, "--out", str(tmp_path / "f"), "--seeds", "2", "--first-seed", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    store = RunStore(tmp_path / "f.db")
+    for m in summary["methods"]:
+        assert [store.run(r)["seed"] for r in m["run_ids"]] == [3, 4]
+    assert "2 seed(s), 3–4" in (tmp_path / "f" / "report.md").read_text()
+    bad = CliRunner().invoke(app, [*args, "--first-seed", "-1"])
+    assert bad.exit_code == 2 and "--first-seed" in bad.output
+
+
 SPEC_ALGORITHMS = set(
     "fedavg fedprox scaffold local ftfa pfedme ditto apfl perfedavg l2sgd ifca fedrep fedrod "
     "fedpac fedbn cfl fedfomo drfa fedsr fediir irm groupdro irm-ft irm-l2 fedsdr fedsdr-fedavg "

@@ -475,6 +475,12 @@ def reproduce(
     seeds: Annotated[
         int | None, typer.Option(help="seeds per method (default: the table's)")
     ] = None,
+    first_seed: Annotated[
+        int,
+        typer.Option(
+            help="run seeds first-seed … first-seed + seeds − 1 (fresh seeds after a selection)"
+        ),
+    ] = 0,
     rounds: Annotated[int | None, typer.Option(help="override the table's rounds")] = None,
     quick: Annotated[
         bool, typer.Option(help="smoke-sized run: the table's [quick] settings")
@@ -527,6 +533,7 @@ def reproduce(
         progress=progress,
         methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
         resume=resume,
+        first_seed=first_seed,
     )
     metrics = list(result["comparison"])
     rows = Table(title=f"{result['table']}: published / ours (accuracy %)")

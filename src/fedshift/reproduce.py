@@ -306,11 +306,14 @@ def run_table(
     extra: dict[str, Any] | None = None,
     progress=None,
     resume: bool = False,
+    first_seed: int = 0,
 ) -> tuple[list[MethodResult], list[str]]:
     """Run every method of ``table`` for ``seeds`` seeds; returns the results and the
     methods skipped because their algorithm is not registered. With ``resume``, a run of
     the same configuration already in the store is reused when done and continued from its
-    checkpoint when stopped (:func:`earlier_run`), so a paper-scale table spans sessions."""
+    checkpoint when stopped (:func:`earlier_run`), so a paper-scale table spans sessions.
+    Seeds are ``first_seed … first_seed + seeds − 1``: a table run on seeds other than the
+    one its settings were selected with starts past it."""
     from .api import resume as resume_api
     from .api import run as run_api
     from .data import build_scenario
@@ -340,6 +343,8 @@ def run_table(
     k = seeds if seeds is not None else (1 if quick else table.seeds)
     if k < 1:
         raise FedshiftError(f"--seeds {k} must be at least 1")
+    if first_seed < 0:
+        raise FedshiftError(f"--first-seed {first_seed} must be 0 or more")
     sweep = table.sweep_values if table.sweep_key else [None]
     for m in methods:  # validate every method's config before anything runs
         method_config(table, m, overrides)
@@ -367,7 +372,7 @@ def run_table(
     results = []
     for m in methods:
         run_ids, per_seed = [], []
-        for seed in range(k):
+        for seed in range(first_seed, first_seed + k):
             sweep_metrics = []
             for value in sweep:
                 cfg = method_config(table, m, {**overrides, "seed": seed})
@@ -590,10 +595,12 @@ def write_reproduction_report(
             row += [_f(method.published.get(m)), "—"]
         rows.append(row + ["0"])
     k = len(results[0].per_seed)
+    first = int(settings.get("first_seed", 0))
+    seed_list = f"{k} seed(s)" if first == 0 else f"{k} seed(s), {first}–{first + k - 1}"
     parts = [
         f"# Reproduction of {table.source or table.id}: {table.title}",
         f"Table `{table.id}`; scenario `{settings['scenario']}` with options "
-        f"`{settings['scenario_options']}`; {settings['rounds']} rounds; {k} seed(s) "
+        f"`{settings['scenario_options']}`; {settings['rounds']} rounds; {seed_list} "
         f"({'quick run' if settings['quick'] else 'full run'}); run store `{db}`. "
         "Accuracies in %; ours are mean ± std over seeds; every method ran on the same "
         "partitions for a given seed.",
@@ -776,6 +783,7 @@ def reproduce(
     progress=None,
     methods: list[str] | None = None,
     resume: bool = False,
+    first_seed: int = 0,
 ) -> dict:
     """Run a table (or the ``methods`` of it named) and write its report; returns the
     :func:`summary` dict."""
@@ -791,6 +799,7 @@ def reproduce(
         extra=extra,
         progress=progress,
         resume=resume,
+        first_seed=first_seed,
     )
     comparison = compare(table, results)
     first = method_config(
@@ -803,6 +812,7 @@ def reproduce(
         "quick": quick,
         "overrides": {k: v for k, v in (extra or {}).items() if k not in ("device", "data_dir")},
         "not_run": [m.name for m in full.methods if m not in table.methods],
+        "first_seed": first_seed,
     }
     out = Path(out_dir) if out_dir is not None else Path("reproduce") / table.id
     report = write_reproduction_report(table, results, skipped, comparison, out, db, settings)
