@@ -22,12 +22,12 @@ from typing import Any
 
 from .config import RunConfig, apply
 from .data import FederatedData, build_scenario
-from .engine.checkpoint import load_checkpoint
+from .engine.checkpoint import check_binding, config_hash, load_checkpoint
 from .engine.runner import RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
-from .results.store import RunStore
+from .results.store import RunStore, check_run_id
 
 
 @dataclass
@@ -123,8 +123,9 @@ def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
 
 
 def checkpoint_path(db: str | Path, run_id: str) -> Path:
-    """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store."""
-    return Path(db).parent / "checkpoints" / f"{run_id}.pt"
+    """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store
+    (the id is checked first, so no id can point outside that folder)."""
+    return Path(db).parent / "checkpoints" / f"{check_run_id(run_id)}.pt"
 
 
 @contextlib.contextmanager
@@ -173,7 +174,8 @@ def run(
         if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
             env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
         holder["run_id"] = store.start(cfg.flat(), env)
-    return _execute(exp, store, holder.get("run_id"), None)
+    digest = config_hash(cfg.flat()) if store is not None else ""
+    return _execute(exp, store, holder.get("run_id"), None, digest)
 
 
 def resume(
@@ -185,19 +187,26 @@ def resume(
     data_dir: str | None = None,
 ) -> RunOutcome:
     """Continue an interrupted or failed run from its last checkpoint, with its recorded
-    config; the finished run has the same metrics as an uninterrupted one."""
+    config; the finished run has the same metrics as an uninterrupted one. A run marked
+    done without final metrics (killed, by an older version, after its last checkpoint)
+    is repaired the same way."""
     store = RunStore(db)
-    record = store.run(run_id)
-    if record["status"] == "done":
+    record = store.run(check_run_id(run_id))
+    if record["status"] == "done" and record["metrics"]:
         raise FedshiftError(f"run {run_id!r} already finished; nothing to resume")
     cfg = apply(RunConfig(), dict(record["config"])).validate()
     if data_dir is not None:  # the data may have moved since the run started
         cfg.data_dir = data_dir
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, {"run_id": run_id}, on_round))
+    digest = config_hash(record["config"])
     path = checkpoint_path(store.path, run_id)
-    result = exp.runner.load_state_dict(load_checkpoint(path)) if path.exists() else None
+    result = None
+    if path.exists():
+        state = load_checkpoint(path)
+        check_binding(state, path, run_id, digest, cfg.rounds)
+        result = exp.runner.load_state_dict(state)
     store.restart(run_id)
-    return _execute(exp, store, run_id, result)
+    return _execute(exp, store, run_id, result, digest)
 
 
 def _recorder(store: RunStore | None, holder: dict, on_round):
@@ -210,11 +219,12 @@ def _recorder(store: RunStore | None, holder: dict, on_round):
     return record
 
 
-def _execute(exp, store: RunStore | None, run_id: str | None, result) -> RunOutcome:
+def _execute(exp, store: RunStore | None, run_id: str | None, result, digest: str) -> RunOutcome:
     runner = exp.runner
     if store is not None:
         runner.checkpoint_path = checkpoint_path(store.path, run_id)
         runner.checkpoint_every = exp.config.checkpoint_every
+        runner.checkpoint_meta = {"run_id": run_id, "config_hash": digest}
     try:
         with stop_on_signals(runner):
             result = runner.run(result)

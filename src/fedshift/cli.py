@@ -264,11 +264,11 @@ def sweep(
 
 def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
     from .api import resume
+    from .results.store import RunStore, check_run_id
 
+    check_run_id(run_id)
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
-    from .results.store import RunStore
-
     total = RunStore(db).run(run_id)["rounds"]
     progress, on_round = progress_bar(total, f"resuming {run_id}")
     try:
@@ -307,6 +307,18 @@ def list_(
     out.print(table)
 
 
+def _resumable(db: Path, run: dict) -> bool:
+    """Whether ``--resume`` can continue (or repair) a run: unfinished, or done without
+    final metrics, with a checkpoint; a run id of a foreign format names no checkpoint."""
+    from .api import checkpoint_path
+    from .results.store import RUN_ID
+
+    unfinished = run["status"] != "done" or not run["metrics"]
+    if not unfinished or not RUN_ID.fullmatch(str(run["run_id"])):
+        return False
+    return checkpoint_path(db, run["run_id"]).exists()
+
+
 @app.command()
 @user_errors
 def runs(
@@ -314,7 +326,6 @@ def runs(
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
 ) -> None:
     """List the runs recorded in the run store."""
-    from .api import checkpoint_path
     from .results.store import RunStore
 
     if not db.exists():
@@ -328,7 +339,7 @@ def runs(
             "seed": r["seed"],
             "rounds": r["rounds"],
             "rounds_done": r["rounds_done"],
-            "resumable": r["status"] != "done" and checkpoint_path(db, r["run_id"]).exists(),
+            "resumable": _resumable(db, r),
             "created": r["created"],
             "metrics": {
                 k: (r["metrics"] or {}).get(k) for k in ("worst", "average", "worst_client")

@@ -380,7 +380,8 @@ def run_table(
                     apply(cfg, {table.sweep_key: value})
                 label = f"{m.name} (seed {seed}{'' if value is None else f', {value}'})"
                 before = earlier_run(db, cfg) if resume else None
-                if before is not None and before["status"] == "done":
+                # done without final metrics (killed after its last round): resume repairs it
+                if before is not None and before["status"] == "done" and before["metrics"]:
                     run_ids.append(before["run_id"])  # finished in an earlier session
                     sweep_metrics.append(before["metrics"])
                     continue

@@ -83,6 +83,7 @@ class Runner:
         self.start_round = 0
         self.checkpoint_path: Path | None = None
         self.checkpoint_every = 0
+        self.checkpoint_meta: dict = {}  # the run it belongs to (run id, config hash)
         self.stop_requested = False
         self.faults = faults or FaultOptions()
         self.pending: list[dict] = []  # late uploads (faults.delay), delivered in a later round
@@ -233,7 +234,16 @@ class Runner:
         return acc, summary, val_acc, val
 
     def state_dict(self, result: RunResult, rounds_done: int) -> dict:
-        """Everything needed to continue after ``rounds_done`` rounds (see checkpoint.py)."""
+        """Everything needed to continue after ``rounds_done`` rounds (see checkpoint.py),
+        and the final evaluation once there is one: a run killed after its last checkpoint
+        but before the store recorded its results then resumes straight to them."""
+        final = None
+        if result.metrics:
+            final = {
+                "accuracy": result.accuracy,
+                "metrics": result.metrics,
+                "val_accuracy": result.val_accuracy,
+            }
         return {
             "rounds_done": rounds_done,
             "server": {k: v.cpu() for k, v in self.server.items()},
@@ -245,20 +255,43 @@ class Runner:
             "bytes_up": result.bytes_up,
             "bytes_down": result.bytes_down,
             "pending": self.pending,
+            "final": final,
         }
 
     def load_state_dict(self, state: dict) -> RunResult:
+        template = self.store.template
+        n = self.store.num_clients
+        check_fit("client", state["clients"], {k: (n, *v.shape) for k, v in template.items()})
+        check_fit("server", state["server"])  # its names and shapes may change (UCFL)
         dev = self.ctx.device
         self.server = {k: v.to(dev) for k, v in state["server"].items()}
         if state["clients"] is not None:
             self.store.state = {k: v.to(self.store.device) for k, v in state["clients"].items()}
         result = self.new_result()
-        result.rounds = [RoundRecord(**r) for r in state["records"]]
+        try:
+            result.rounds = [RoundRecord(**r) for r in state["records"]]
+        except TypeError as e:
+            raise FedshiftError(f"the checkpoint's round records are damaged ({e})") from None
         result.time_s, result.bytes_up = state["time_s"], state["bytes_up"]
         result.bytes_down = state["bytes_down"]
+        final = state.get("final")
+        if final:
+            try:
+                result.accuracy, result.metrics = final["accuracy"], dict(final["metrics"])
+                result.val_accuracy = final["val_accuracy"]
+            except (KeyError, TypeError, ValueError):
+                raise FedshiftError("the checkpoint's final results are damaged") from None
         self.start_round = state["rounds_done"]
         self.pending = list(state.get("pending", []))
         return result
+
+    def final_evaluation(self, result: RunResult) -> None:
+        """The last round's evaluation, redone from the restored state: for a checkpoint
+        written after the last round by an older version, which kept no final results
+        (evaluation is a pure function of the state, so the numbers are the same)."""
+        acc, summary, val_acc, _ = self.evaluate(self.rounds - 1)
+        flag_chance_loss(summary, [x.loss for x in result.rounds], self.ctx.data.num_classes)
+        result.accuracy, result.metrics, result.val_accuracy = acc, summary, val_acc
 
     def new_result(self) -> RunResult:
         return RunResult(env_names=self.ctx.data.test_env_names, val_names=list(self.ctx.data.val))
@@ -292,14 +325,32 @@ class Runner:
                 self.on_round(rec)
             due = self.checkpoint_every and (r + 1) % self.checkpoint_every == 0
             if self.checkpoint_path and (due or last or self.stop_requested):
-                save_checkpoint(self.checkpoint_path, self.state_dict(result, r + 1))
+                state = {**self.checkpoint_meta, **self.state_dict(result, r + 1)}
+                save_checkpoint(self.checkpoint_path, state)
             if self.stop_requested and not last:
                 raise RunStopped(r + 1)
+        if 0 < self.rounds <= self.start_round and not result.metrics:
+            self.final_evaluation(result)
         if self.rounds == 0:
             result.accuracy, result.metrics, result.val_accuracy, _ = self.evaluate(0)
         result.time_s = time.perf_counter() - t_start
         result.server = self.server
         return result
+
+
+def check_fit(what: str, saved, shapes: dict | None = None) -> None:
+    """Refuse a checkpoint whose state is not a mapping of tensors, or (for client
+    state, whose names and shapes are fixed by the method) does not fit this run, in one
+    sentence rather than a shape error deep in training."""
+    ok = isinstance(saved, dict) and all(isinstance(v, Tensor) for v in saved.values())
+    if ok and shapes is not None:
+        ok = set(saved) == set(shapes)
+        ok = ok and all(tuple(v.shape) == tuple(shapes[k]) for k, v in saved.items())
+    if not (ok or (saved is None and what == "client")):
+        raise FedshiftError(
+            f"the checkpoint's {what} state does not fit this run's model and method "
+            "(another run's checkpoint?); it cannot continue this run"
+        )
 
 
 def plain(value):

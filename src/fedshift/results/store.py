@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import secrets
 import sqlite3
 from contextlib import closing
@@ -64,6 +65,20 @@ CREATE TABLE IF NOT EXISTS client_accuracy (
 
 # columns added after the first release: (table, column, type)
 MIGRATIONS = [("rounds", "extras", "TEXT"), ("runs", "pid", "INTEGER")]
+
+
+RUN_ID = re.compile(r"[0-9a-f]{10}")  # what start() generates: secrets.token_hex(5)
+
+
+def check_run_id(run_id: object) -> str:
+    """A run id names its checkpoint file, so only the store's own format is accepted:
+    an id such as ``../../elsewhere/evil`` must never reach a path."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise FedshiftError(
+            f"{run_id!r} is not a fedshift run id (10 lowercase hex digits, as "
+            "`fedshift runs` lists them)"
+        )
+    return run_id
 
 
 def _alive(pid: int | None) -> bool:
