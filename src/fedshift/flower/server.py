@@ -185,9 +185,10 @@ class FlowerRunner(Runner):
                 messages.append(self._message(content, client, "train", r))
         if self.alg.trains_unsampled:  # local work of the others: the server state, no upload
             sampled = set(ids.tolist())
+            server = to_record(self.server)  # converted once, sent to each of them
             for client in range(self.ctx.data.num_clients):
                 if client not in sampled:
-                    content = RecordDict({"server": to_record(self.server)})
+                    content = RecordDict({"server": server})
                     messages.append(self._message(content, client, "train", r))
         replies = self.exchange(messages, "train", r)
         uploads: list[Tree] = []
