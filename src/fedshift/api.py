@@ -23,7 +23,7 @@ from typing import Any
 from .config import RunConfig, apply
 from .data import FederatedData, build_scenario
 from .engine.checkpoint import check_binding, config_hash, load_checkpoint
-from .engine.runner import RoundRecord, RunResult, RunStopped
+from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
@@ -237,6 +237,11 @@ def _execute(exp, store: RunStore | None, run_id: str | None, result, digest: st
     except KeyboardInterrupt:
         if store is not None:
             store.fail(run_id, "interrupted", "interrupted by the user")
+        raise
+    except Diverged as e:
+        if store is not None:
+            store.fail(run_id, "diverged", str(e))
+            e.hint = f"run {run_id} is kept in {str(store.path)!r} with the rounds it did"
         raise
     except BaseException as e:
         if store is not None:

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .engine.runner import RunStopped
+from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
 
@@ -39,6 +39,10 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except Diverged as e:
+            hint = f" ({e.hint})" if e.hint else ""
+            err.print(f"[red]diverged:[/red] {e}{hint}", highlight=False, soft_wrap=True)
+            raise typer.Exit(3) from None
         except FedshiftError as e:
             err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None

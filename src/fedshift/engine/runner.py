@@ -29,6 +29,13 @@ from .sampling import sample_clients
 from .store import ClientStore
 from .tree import Tree, concat, nbytes
 
+# A run has diverged when more than this share of its rounds, or this many rounds in a row,
+# trained nothing for numerical reasons (see lost_round); docs/reliability.md.
+DIVERGED_FRACTION = 0.5
+DIVERGED_STREAK = 5
+SCREENED = ("nonfinite", "norm")  # uploads the numerical screen excluded
+INJECTED = ("dropped", "delayed", "corrupted")  # faults the user asked for (faults.*)
+
 
 @dataclass
 class RoundRecord:
@@ -106,6 +113,7 @@ class Runner:
             result = self.alg.client_update(
                 payload, self.store.take(chunk, self.ctx.device), cohort
             )
+            check_client_state(result.state, chunk, r)
             self.store.put(chunk, result.state)
             up += nbytes(result.upload)
             uploads.append(result.upload)
@@ -117,7 +125,9 @@ class Runner:
             for chunk in self.chunks(rest.nonzero().flatten()):
                 state = self.store.take(chunk, self.ctx.device)
                 cohort = self.ctx.cohort(chunk, r)
-                self.store.put(chunk, self.alg.update_unsampled(self.server, state, cohort))
+                state = self.alg.update_unsampled(self.server, state, cohort)
+                check_client_state(state, chunk, r)
+                self.store.put(chunk, state)
         return self.finish_round(r, ids, uploads, weights, losses, up, down, t0)
 
     def finish_round(
@@ -310,7 +320,8 @@ class Runner:
         for r in range(self.start_round, self.rounds):
             rec = self.train_round(r)
             last = r == self.rounds - 1
-            if last or (self.eval_every and (r + 1) % self.eval_every == 0):
+            diverged = divergence([*result.rounds, rec], self.rounds)
+            if diverged is None and (last or (self.eval_every and (r + 1) % self.eval_every == 0)):
                 acc, summary, val_acc, val = self.evaluate(r)
                 rec.metrics, rec.val = summary, val
                 if last:
@@ -323,6 +334,8 @@ class Runner:
             result.time_s = time.perf_counter() - t_start
             if self.on_round:
                 self.on_round(rec)
+            if diverged is not None:  # recorded, but no checkpoint of a diverged state
+                raise Diverged(r + 1, diverged)
             due = self.checkpoint_every and (r + 1) % self.checkpoint_every == 0
             if self.checkpoint_path and (due or last or self.stop_requested):
                 state = {**self.checkpoint_meta, **self.state_dict(result, r + 1)}
@@ -364,16 +377,85 @@ def plain(value):
     return value
 
 
-class NonFiniteState(FedshiftError):
-    """The server state became NaN/Inf: the run stops; its last checkpoint stays usable."""
+def lost_round(rec: RoundRecord) -> bool:
+    """Whether a round trained nothing for numerical reasons: every participant's loss was
+    non-finite, or no upload reached aggregation and the numerical screen (non-finite or
+    exploding norm) excluded at least one that no injected fault (``faults.drop`` / ``delay``
+    / ``corrupt``) had already claimed. Rounds emptied by injected faults alone are the
+    experiment the user asked for, not divergence."""
+    if not math.isfinite(rec.loss):
+        return True
+    events = rec.extras.get("events", [])
+    if not any(e["event"] == "no-usable-upload" for e in events):
+        return False
+    injected = {e["client"] for e in events if e["event"] in INJECTED}
+    return any(e["event"] in SCREENED and e["client"] not in injected for e in events)
+
+
+def divergence(records: list[RoundRecord], rounds: int) -> str | None:
+    """Why a run whose rounds so far are ``records`` (of ``rounds`` planned) has diverged,
+    or None: more than DIVERGED_FRACTION of the planned rounds lost, or the last
+    DIVERGED_STREAK rounds lost in a row (see :func:`lost_round`)."""
+    lost = [rec for rec in records if lost_round(rec)]
+    streak = len(records) >= DIVERGED_STREAK and all(
+        lost_round(rec) for rec in records[-DIVERGED_STREAK:]
+    )
+    if len(lost) <= DIVERGED_FRACTION * rounds and not streak:
+        return None
+    events = [e["event"] for rec in lost for e in rec.extras.get("events", [])]
+    how = (
+        f"{DIVERGED_STREAK} rounds in a row"
+        if streak
+        else f"{len(lost)} of its {rounds} rounds (more than {DIVERGED_FRACTION:.0%})"
+    )
+    if events.count("norm") > events.count("nonfinite"):
+        return (
+            f"{how} had no usable upload because faults.max_norm excluded them as exploding; "
+            "raise faults.max_norm (a multiple of the round's median norm: below 1 it excludes "
+            "at least half of every round's uploads; 3 to 10 is usual)"
+        )
+    return (
+        f"{how} trained nothing (non-finite training loss or every upload NaN/Inf); lower lr "
+        "or the method's step sizes (algorithm.*)"
+    )
+
+
+def check_client_state(state: Tree, ids: Tensor, r: int) -> None:
+    """Refuse to keep a client state with NaN/Inf: that client's personal model diverged."""
+    for v in state.values():
+        if not v.is_floating_point():
+            continue
+        bad = ~torch.isfinite(v.reshape(v.shape[0], -1)).all(1)
+        if bad.any():
+            client = int(ids[bad.nonzero()[0, 0].to(ids.device)])
+            raise Diverged(
+                r + 1,
+                f"client {client}'s personal state became non-finite (NaN/Inf); lower lr or "
+                "the method's step sizes (algorithm.*)",
+            )
+
+
+class Diverged(FedshiftError):
+    """Training diverged (non-finite global or personal state, or too many rounds that
+    trained nothing): the run stops, is marked ``diverged`` without metrics; the rounds
+    it did are recorded and its last checkpoint (from before) stays usable."""
+
+    def __init__(self, round_: int, why: str) -> None:
+        super().__init__(f"the run diverged in round {round_}: {why}")
+        self.round = round_
+        self.why = why
+        self.hint = ""  # how to continue, added by the caller that knows the run id
+
+
+class NonFiniteState(Diverged):
+    """The server state became NaN/Inf after aggregation."""
 
     def __init__(self, round_: int) -> None:
         super().__init__(
-            f"the global state became non-finite (NaN/Inf) in round {round_}; the run stopped "
-            "without recording metrics and its last checkpoint is kept; lower lr, or set "
-            "faults.max_norm to exclude exploding client updates"
+            round_,
+            "the global state became non-finite (NaN/Inf); lower lr or the method's step "
+            "sizes (algorithm.*), or set faults.max_norm to exclude exploding client updates",
         )
-        self.round = round_
 
 
 class RunStopped(Exception):
