@@ -27,7 +27,7 @@ from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
-from .results.store import RunStore, check_run_id
+from .results.store import RunStore, _now, check_run_id
 
 
 @dataclass
@@ -178,6 +178,64 @@ def run(
     return _execute(exp, store, holder.get("run_id"), None, digest)
 
 
+# keys ``resume(..., overrides=...)`` may change: how training goes on, never which data
+# or model it trains; plus ``faults.max_norm`` and ``algorithm.<option>`` for the method's
+# float options (step sizes, penalty weights). See docs/reliability.md.
+RESUME_KEYS = (
+    "lr",
+    "momentum",
+    "weight_decay",
+    "rounds",
+    "eval_every",
+    "checkpoint_every",
+    "cohort_size",
+)
+
+
+def resume_changes(record: dict, overrides: dict[str, Any]) -> tuple[dict, dict]:
+    """The run's config with ``overrides`` applied and the keys that really change
+    (``{key: {"from": old, "to": new}}``); refuses, before anything is modified, a key
+    that would change the experiment's data, model or method, and a round count below
+    the rounds already done."""
+    from .algorithms import ALGORITHMS
+    from .config import ALIASES
+    from .options import _convert, describe_options
+
+    old = dict(record["config"])
+    before = apply(RunConfig(), dict(old)).validate()
+    floats = {"faults.max_norm": 0.0}  # key → its default
+    floats |= {
+        f"algorithm.{o['name']}": o["default"]
+        for o in describe_options(ALGORITHMS.get(before.algorithm).Hyper)
+        if o["type"] == "float"
+    }
+    normalized = {ALIASES.get(k, k): v for k, v in overrides.items()}
+    for key in normalized:
+        if key not in RESUME_KEYS and key not in floats:
+            allowed = ", ".join([*RESUME_KEYS, *floats])
+            raise FedshiftError(
+                f"--resume cannot change {key!r}: it would change the experiment's data, model "
+                f"or method; start a new run for that (keys a resume can change: {allowed})"
+            )
+    after = apply(RunConfig(), {**old, **normalized}).validate()
+    new, changes = dict(old), {}
+    for key, raw in normalized.items():
+        if key in floats:
+            value = _convert(key, float, raw)
+            was = _convert(key, float, old[key]) if key in old else floats[key]
+        else:
+            value, was = after.flat()[key], before.flat()[key]
+        if value != was:
+            new[key] = value
+            changes[key] = {"from": was, "to": value}
+    if after.rounds < record["rounds_done"]:
+        raise FedshiftError(
+            f"rounds={after.rounds} is fewer than the {record['rounds_done']} rounds run "
+            f"{record['run_id']!r} has done; give rounds >= {record['rounds_done']}"
+        )
+    return new, changes
+
+
 def resume(
     run_id: str,
     db: str | Path,
@@ -185,26 +243,57 @@ def resume(
     data: FederatedData | None = None,
     on_round=None,
     data_dir: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Continue an interrupted or failed run from its last checkpoint, with its recorded
-    config; the finished run has the same metrics as an uninterrupted one. A run marked
-    done without final metrics (killed, by an older version, after its last checkpoint)
-    is repaired the same way."""
+    """Continue an interrupted, failed or diverged run from its last checkpoint, with its
+    recorded config; the finished run has the same metrics as an uninterrupted one. A run
+    marked done without final metrics (killed, by an older version, after its last
+    checkpoint) is repaired the same way.
+
+    ``overrides`` (dotted keys as for :func:`run`) change how training goes on from the
+    checkpoint: ``lr``, ``rounds`` (to extend a run, even a finished one) and the other
+    ``RESUME_KEYS``, and the method's float options (``algorithm.server_lr`` …). The run's
+    config in the store becomes the new one, and its ``overrides`` record which keys
+    changed from what to what at which round; keys that would change the data, model or
+    method are refused."""
     store = RunStore(db)
     record = store.run(check_run_id(run_id))
-    if record["status"] == "done" and record["metrics"]:
-        raise FedshiftError(f"run {run_id!r} already finished; nothing to resume")
-    cfg = apply(RunConfig(), dict(record["config"])).validate()
+    config, changes = resume_changes(record, overrides or {})
+    extends = "rounds" in changes and changes["rounds"]["to"] > changes["rounds"]["from"]
+    finished = record["status"] == "done" and record["metrics"]
+    if finished and not extends:
+        raise FedshiftError(
+            f"run {run_id!r} already finished; nothing to resume (give --set rounds=N with "
+            f"N > {record['rounds']} to extend it)"
+        )
+    cfg = apply(RunConfig(), dict(config)).validate()
     if data_dir is not None:  # the data may have moved since the run started
         cfg.data_dir = data_dir
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, {"run_id": run_id}, on_round))
     digest = config_hash(record["config"])
     path = checkpoint_path(store.path, run_id)
     result = None
+    done = 0
     if path.exists():
         state = load_checkpoint(path)
-        check_binding(state, path, run_id, digest, cfg.rounds)
+        done = state["rounds_done"] if type(state["rounds_done"]) is int else -1
+        # hashes of the configs before changes that took effect at this checkpoint's round
+        earlier = []
+        for entry in reversed(record["overrides"]):
+            if entry.get("round") != done:
+                break
+            earlier.append(entry.get("from_hash"))
+        check_binding(state, path, run_id, digest, cfg.rounds, tuple(earlier))
         result = exp.runner.load_state_dict(state)
+    elif finished:
+        raise FedshiftError(
+            f"run {run_id!r} is finished but its checkpoint {str(path)!r} is gone; it cannot "
+            "be extended (start a new run with more rounds)"
+        )
+    if changes:
+        entry = {"round": done, "changes": changes, "from_hash": digest}
+        store.override(run_id, config, {**entry, "time": _now()})
+        digest = config_hash(config)
     store.restart(run_id)
     return _execute(exp, store, run_id, result, digest)
 
@@ -241,7 +330,10 @@ def _execute(exp, store: RunStore | None, run_id: str | None, result, digest: st
     except Diverged as e:
         if store is not None:
             store.fail(run_id, "diverged", str(e))
-            e.hint = f"run {run_id} is kept in {str(store.path)!r} with the rounds it did"
+            e.hint = (
+                f"its rounds are kept; to go on from its last checkpoint with a fixed setting: "
+                f"fedshift run --resume {run_id} --db {store.path} --set KEY=VALUE"
+            )
         raise
     except BaseException as e:
         if store is not None:

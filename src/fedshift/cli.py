@@ -160,12 +160,16 @@ def run(
     from .config import parse_seeds, parse_set, resolve
 
     if resume is not None:
-        given = [source, set_, rounds, seed, seeds, cohort_size, device]
+        given = [source, seed, seeds, cohort_size, device]
         if any(v for v in given if v is not None):
             raise FedshiftError(
-                "--resume continues a run with its recorded config; give only --db and --json"
+                "--resume continues a run with its recorded config; give only --db, --json, "
+                "--data-dir, and --set / --rounds for the keys a resume may change"
             )
-        return _resume(resume, db, json_, data_dir)
+        changes = parse_set(set_ or [])
+        if rounds is not None:
+            changes["rounds"] = rounds
+        return _resume(resume, db, json_, data_dir, changes)
     overrides = parse_set(set_ or [])
     for key, value in (
         ("rounds", rounds),
@@ -266,7 +270,9 @@ def sweep(
         print_json(result)
 
 
-def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
+def _resume(
+    run_id: str, db: Path, json_: bool, data_dir: str | None, changes: dict[str, str]
+) -> None:
     from .api import resume
     from .results.store import RunStore, check_run_id
 
@@ -274,9 +280,11 @@ def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
     total = RunStore(db).run(run_id)["rounds"]
+    if str(changes.get("rounds", "")).isdigit():  # the bar's end (resume checks the value)
+        total = int(changes["rounds"])
     progress, on_round = progress_bar(total, f"resuming {run_id}")
     try:
-        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir)
+        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir, overrides=changes)
     finally:
         progress.stop()
     summary = outcome.summary()

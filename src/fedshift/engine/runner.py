@@ -248,7 +248,7 @@ class Runner:
         and the final evaluation once there is one: a run killed after its last checkpoint
         but before the store recorded its results then resumes straight to them."""
         final = None
-        if result.metrics:
+        if result.metrics and rounds_done == self.rounds:  # not a run extended on resume
             final = {
                 "accuracy": result.accuracy,
                 "metrics": result.metrics,
@@ -285,7 +285,7 @@ class Runner:
         result.time_s, result.bytes_up = state["time_s"], state["bytes_up"]
         result.bytes_down = state["bytes_down"]
         final = state.get("final")
-        if final:
+        if final and state["rounds_done"] == self.rounds:  # else the run was extended
             try:
                 result.accuracy, result.metrics = final["accuracy"], dict(final["metrics"])
                 result.val_accuracy = final["val_accuracy"]

@@ -64,7 +64,11 @@ CREATE TABLE IF NOT EXISTS client_accuracy (
 
 
 # columns added after the first release: (table, column, type)
-MIGRATIONS = [("rounds", "extras", "TEXT"), ("runs", "pid", "INTEGER")]
+MIGRATIONS = [
+    ("rounds", "extras", "TEXT"),
+    ("runs", "pid", "INTEGER"),
+    ("runs", "overrides", "TEXT"),  # JSON list: keys changed on --resume, at which round
+]
 
 
 RUN_ID = re.compile(r"[0-9a-f]{10}")  # what start() generates: secrets.token_hex(5)
@@ -201,6 +205,23 @@ class RunStore:
                 (os.getpid(), run_id),
             )
 
+    def override(self, run_id: str, config: dict[str, Any], entry: dict[str, Any]) -> None:
+        """Record a change of config on resume: the run's config becomes ``config`` (its
+        ``rounds`` too) and ``entry`` (which keys changed at which round) is appended to its
+        ``overrides``, in one transaction."""
+        with closing(self._connect()) as conn, conn:
+            row = conn.execute("SELECT overrides FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            history = json.loads(row["overrides"]) if row and row["overrides"] else []
+            conn.execute(
+                "UPDATE runs SET config=?, rounds=?, overrides=? WHERE run_id=?",
+                (
+                    json.dumps(config),
+                    config["rounds"],
+                    json.dumps([*history, entry]),
+                    run_id,
+                ),
+            )
+
     def finish(self, run_id: str, result, val: float | None) -> None:
         rows = []
         for split, acc, names in (
@@ -263,6 +284,7 @@ class RunStore:
         d = dict(row)
         for k in ("config", "environment", "metrics"):
             d[k] = json.loads(d[k]) if d[k] else None
+        d["overrides"] = json.loads(d["overrides"]) if d.get("overrides") else []
         if d["status"] == "running" and not _alive(d.pop("pid", None)):
             # its process is gone without a word (SIGKILL, power cut): resumable, not running
             d["status"] = "interrupted"
