@@ -13,6 +13,7 @@ records the run in the run store when ``db`` is given.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import traceback
@@ -129,6 +130,40 @@ def checkpoint_path(db: str | Path, run_id: str) -> Path:
 
 
 @contextlib.contextmanager
+def training_lock(db: str | Path, run_id: str):
+    """Hold the OS lock of a run (``checkpoints/<run_id>.lock``, beside its checkpoint)
+    while this process trains it, so that two processes never train one run at once: a
+    second one is refused in one sentence naming the process that holds it. The lock goes
+    with the process (``flock``), so one left by a killed process never blocks; the small
+    file stays. Without ``fcntl`` (Windows) no lock is taken."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = checkpoint_path(db, run_id).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise FedshiftError(f"cannot create the lock file {str(path)!r}: {e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "?"
+            raise FedshiftError(
+                f"run {run_id!r} is being trained by process {holder} right now; wait for it "
+                f"to end, or stop it (kill -TERM {holder}) and then --resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
 def stop_on_signals(runner):
     """SIGINT / SIGTERM ask the runner to finish its round, checkpoint and stop; a second
     SIGINT interrupts at once. Only the main thread can install handlers."""
@@ -175,7 +210,10 @@ def run(
             env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
         holder["run_id"] = store.start(cfg.flat(), env)
     digest = config_hash(cfg.flat()) if store is not None else ""
-    return _execute(exp, store, holder.get("run_id"), None, digest)
+    if store is None:
+        return _execute(exp, None, None, None, digest)
+    with training_lock(store.path, holder["run_id"]):
+        return _execute(exp, store, holder["run_id"], None, digest)
 
 
 # keys ``resume(..., overrides=...)`` may change: how training goes on, never which data
@@ -257,7 +295,12 @@ def resume(
     changed from what to what at which round; keys that would change the data, model or
     method are refused."""
     store = RunStore(db)
-    record = store.run(check_run_id(run_id))
+    with training_lock(store.path, check_run_id(run_id)):
+        return _resume(store, run_id, data, on_round, data_dir, overrides)
+
+
+def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -> RunOutcome:
+    record = store.run(run_id)
     config, changes = resume_changes(record, overrides or {})
     extends = "rounds" in changes and changes["rounds"]["to"] > changes["rounds"]["from"]
     finished = record["status"] == "done" and record["metrics"]
