@@ -123,6 +123,54 @@ def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
     return apply(cfg, flat).validate()
 
 
+def record_recipe(cfg: RunConfig, data: FederatedData, name_from_data: bool) -> None:
+    """Make the config of a run on ``data`` (given from Python) name how that data was
+    built, so ``fedshift run --resume`` rebuilds it: the registered scenario, its options
+    (those set in the config win) and data folder. Data assembled in Python keep their
+    name; the fingerprint (:func:`data_identity`) guards their resume."""
+    recipe = data.recipe
+    if name_from_data:
+        cfg.scenario = recipe["scenario"] if recipe else data.name
+    if recipe and recipe["scenario"] == cfg.scenario:
+        for key, value in recipe["options"].items():
+            cfg.scenario_options.setdefault(key, value)
+        if recipe["data_dir"] and not cfg.data_dir:
+            cfg.data_dir = recipe["data_dir"]
+
+
+def data_identity(data: FederatedData) -> dict[str, Any]:
+    """What the run store keeps about a run's data (``environment["data"]``): its
+    fingerprint, whether it came from a registered scenario, and that scenario's seed."""
+    recipe = data.recipe
+    return {
+        "fingerprint": data.fingerprint(),
+        "source": "scenario" if recipe else "python",
+        "scenario_seed": recipe["seed"] if recipe else None,
+    }
+
+
+def check_same_data(record: dict, data: FederatedData, seed: int) -> None:
+    """Refuse to resume a run on data other than what it trained on (its fingerprint);
+    runs of older versions recorded none and are not checked."""
+    kept = (record.get("environment") or {}).get("data") or {}
+    if not kept.get("fingerprint"):
+        return
+    now = data.fingerprint()
+    if now == kept["fingerprint"]:
+        return
+    if kept.get("source") == "python":
+        why = "it trained on data assembled in Python, not a registered scenario"
+    elif kept.get("scenario_seed") not in (None, seed):
+        why = f"its scenario was built with seed {kept['scenario_seed']}, not the run seed {seed}"
+    else:
+        why = "the dataset files or the scenario's code changed since"
+    raise FedshiftError(
+        f"the data rebuilt to resume run {record['run_id']!r} differ from the data it trained "
+        f"on (fingerprint {now[:12]}…, recorded {kept['fingerprint'][:12]}…): {why}; resume it "
+        f"from Python with that data: fedshift.api.resume({record['run_id']!r}, db, data=…)"
+    )
+
+
 def checkpoint_path(db: str | Path, run_id: str) -> Path:
     """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store
     (the id is checked first, so no id can point outside that folder)."""
@@ -199,8 +247,8 @@ def run(
     it completed, and the exception propagates.
     """
     cfg = make_config(config, **settings)
-    if data is not None and "scenario" not in settings:
-        cfg.scenario = data.name
+    if data is not None:
+        record_recipe(cfg, data, "scenario" not in settings)
     store = RunStore(db) if db is not None else None
     holder: dict[str, str] = {}
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
@@ -208,6 +256,7 @@ def run(
         env = environment_info(exp.ctx.device)
         if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
             env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
+        env["data"] = data_identity(exp.data)
         holder["run_id"] = store.start(cfg.flat(), env)
     digest = config_hash(cfg.flat()) if store is not None else ""
     if store is None:
@@ -313,6 +362,7 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
     if data_dir is not None:  # the data may have moved since the run started
         cfg.data_dir = data_dir
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, {"run_id": run_id}, on_round))
+    check_same_data(record, exp.data, cfg.seed)
     digest = config_hash(record["config"])
     path = checkpoint_path(store.path, run_id)
     result = None
