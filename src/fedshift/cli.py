@@ -432,6 +432,9 @@ def report(
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
     format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
+    force: Annotated[
+        bool, typer.Option(help="overwrite files in --out that fedshift did not write")
+    ] = False,
 ) -> None:
     """Write a Markdown or HTML report with plots for past runs (from the run store)."""
     from .results.report import write_report
@@ -439,7 +442,7 @@ def report(
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
-    path = write_report(RunStore(db), run_ids, out_dir, format_)
+    path = write_report(RunStore(db), run_ids, out_dir, format_, force=force)
     out.print(f"report written to {path}")
 
 
@@ -451,17 +454,21 @@ def compare(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-compare"
     ),
+    force: Annotated[
+        bool, typer.Option(help="overwrite a plot in --out that fedshift did not write")
+    ] = False,
 ) -> None:
     """Several runs in one table (per test environment, worst, average) and one plot."""
-    from .results.report import load_runs, plot_per_env, run_label
+    from .results.report import claim_folder, load_runs, mark_written, plot_per_env, run_label
     from .results.store import RunStore
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
     runs = load_runs(RunStore(db), run_ids)
+    claim_folder(out_dir, ["accuracy_per_env.png"], force)
     out.print(summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs]))
-    out_dir.mkdir(parents=True, exist_ok=True)
     out.print(f"plot written to {plot_per_env(runs, out_dir / 'accuracy_per_env.png')}")
+    mark_written(out_dir, ["accuracy_per_env.png"])
 
 
 @app.command()
