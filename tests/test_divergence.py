@@ -18,8 +18,8 @@ from fedshift.engine.checkpoint import load_checkpoint
 from fedshift.engine.runner import (
     DIVERGED_STREAK,
     Diverged,
+    LostRounds,
     RoundRecord,
-    divergence,
     lost_round,
 )
 from fedshift.results.store import RunStore
@@ -63,16 +63,21 @@ def test_lost_rounds_are_numerical_failures_not_injected_faults():
     assert not lost_round(corrupted)
 
 
+def verdict(records, rounds):
+    return LostRounds(records).verdict(rounds)
+
+
 def test_divergence_threshold_is_more_than_half_or_a_streak():
     # alternating lost rounds: never a streak; diverged once more than half of 10 are lost
     alternating = [record(i % 2 == 0) for i in range(10)]  # 5 lost
-    assert divergence(alternating, 10) is None
-    assert "6 of its 10 rounds" in divergence([*alternating[:9], record(True)], 10)
+    assert verdict(alternating, 10) is None
+    assert "6 of its 10 rounds" in verdict([*alternating[:9], record(True)], 10)
     streak = [record(False)] * 3 + [record(True)] * DIVERGED_STREAK
-    assert "in a row" in divergence(streak, 100)
-    assert divergence(streak[:-1], 100) is None
-    assert "faults.max_norm" in divergence([record(True, "norm")] * 2, 2)
-    assert "lower lr" in divergence([record(True)] * 2, 2)
+    assert "in a row" in verdict(streak, 100)
+    assert verdict(streak[:-1], 100) is None
+    assert verdict([*streak, record(False)], 100) is None  # a usable round ends the streak
+    assert "faults.max_norm" in verdict([record(True, "norm")] * 2, 2)
+    assert "lower lr" in verdict([record(True)] * 2, 2)
 
 
 def test_nan_training_stops_as_diverged_and_keeps_rounds_and_checkpoint(tmp_path):

@@ -317,10 +317,12 @@ class Runner:
         t_start = time.perf_counter() - result.time_s
         if self.start_round == 0:
             self.server = self.alg.before_training(self.server)
+        lost = LostRounds(result.rounds)
         for r in range(self.start_round, self.rounds):
             rec = self.train_round(r)
             last = r == self.rounds - 1
-            diverged = divergence([*result.rounds, rec], self.rounds)
+            lost.add(rec)
+            diverged = lost.verdict(self.rounds)
             if diverged is None and (last or (self.eval_every and (r + 1) % self.eval_every == 0)):
                 acc, summary, val_acc, val = self.evaluate(r)
                 rec.metrics, rec.val = summary, val
@@ -392,14 +394,31 @@ def lost_round(rec: RoundRecord) -> bool:
     return any(e["event"] in SCREENED and e["client"] not in injected for e in events)
 
 
-def divergence(records: list[RoundRecord], rounds: int) -> str | None:
-    """Why a run whose rounds so far are ``records`` (of ``rounds`` planned) has diverged,
-    or None: more than DIVERGED_FRACTION of the planned rounds lost, or the last
-    DIVERGED_STREAK rounds lost in a row (see :func:`lost_round`)."""
-    lost = [rec for rec in records if lost_round(rec)]
-    streak = len(records) >= DIVERGED_STREAK and all(
-        lost_round(rec) for rec in records[-DIVERGED_STREAK:]
-    )
+class LostRounds:
+    """The rounds of a run so far that trained nothing (:func:`lost_round`), counted as
+    they come, and whether that makes the run diverged (:meth:`verdict`)."""
+
+    def __init__(self, records: list[RoundRecord] = ()) -> None:
+        self.lost: list[RoundRecord] = []
+        self.streak = 0
+        for rec in records:
+            self.add(rec)
+
+    def add(self, rec: RoundRecord) -> None:
+        if lost_round(rec):
+            self.lost.append(rec)
+            self.streak += 1
+        else:
+            self.streak = 0
+
+    def verdict(self, rounds: int) -> str | None:
+        return divergence(self.lost, self.streak >= DIVERGED_STREAK, rounds)
+
+
+def divergence(lost: list[RoundRecord], streak: bool, rounds: int) -> str | None:
+    """Why a run has diverged, or None: of its ``rounds`` planned, more than
+    DIVERGED_FRACTION are ``lost`` (trained nothing), or the last DIVERGED_STREAK were
+    (``streak``)."""
     if len(lost) <= DIVERGED_FRACTION * rounds and not streak:
         return None
     events = [e["event"] for rec in lost for e in rec.extras.get("events", [])]
