@@ -24,6 +24,7 @@ from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
 from .checkpoint import save_checkpoint
 from .context import Context
 from .faults import FaultOptions, corrupt, finite, injected_fault, screen
+from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
 from .store import ClientStore
@@ -92,6 +93,10 @@ class Runner:
         self.checkpoint_every = 0
         self.checkpoint_meta: dict = {}  # the run it belongs to (run id, config hash)
         self.stop_requested = False
+        # whether the round in progress has changed no state yet, so a stop request may
+        # abandon it between local steps (the state is still that after the last round)
+        self.abandonable = False
+        ctx.trainer.should_stop = lambda: self.stop_requested and self.abandonable
         self.faults = faults or FaultOptions()
         self.pending: list[dict] = []  # late uploads (faults.delay), delivered in a later round
         self.store = ClientStore(
@@ -105,6 +110,7 @@ class Runner:
         t0 = time.perf_counter()
         ids = sample_clients(self.ctx.data.num_clients, self.k, self.ctx.seed, r)
         uploads, weights, losses = [], [], []
+        self.abandonable = True
         up = down = 0
         for chunk in self.chunks(ids):
             cohort = self.ctx.cohort(chunk, r)
@@ -114,6 +120,7 @@ class Runner:
                 payload, self.store.take(chunk, self.ctx.device), cohort
             )
             check_client_state(result.state, chunk, r)
+            self.abandonable = False  # from here on the round changes client state
             self.store.put(chunk, result.state)
             up += nbytes(result.upload)
             uploads.append(result.upload)
@@ -144,6 +151,7 @@ class Runner:
         """The server side of a round, once every sampled client's upload is in (stacked in
         ``ids`` order): fault containment, late uploads, aggregation, the round's record.
         Shared by the in-process runner and the Flower server."""
+        self.abandonable = False
         upload = concat(uploads)
         w = torch.cat(weights).cpu().float()
         keep, events = self.contain_faults(r, ids, upload, w)
@@ -319,7 +327,14 @@ class Runner:
             self.server = self.alg.before_training(self.server)
         lost = LostRounds(result.rounds)
         for r in range(self.start_round, self.rounds):
-            rec = self.train_round(r)
+            try:
+                rec = self.train_round(r)
+            except TrainingAbandoned:  # stop requested mid-round, no state changed yet
+                self.abandonable = False
+                if self.checkpoint_path and r > 0:
+                    state = {**self.checkpoint_meta, **self.state_dict(result, r)}
+                    save_checkpoint(self.checkpoint_path, state)
+                raise RunStopped(r) from None
             last = r == self.rounds - 1
             lost.add(rec)
             diverged = lost.verdict(self.rounds)
