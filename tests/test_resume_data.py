@@ -8,12 +8,14 @@ import json
 import sqlite3
 
 import pytest
+import torch
 from toy import toy_data
 from typer.testing import CliRunner
 
 import fedshift as fs
 from fedshift.api import resume
 from fedshift.cli import app
+from fedshift.data.federated import FederatedData, Split
 from fedshift.engine.runner import Runner
 from fedshift.errors import FedshiftError
 from fedshift.results.store import RunStore
@@ -113,3 +115,17 @@ def test_the_fingerprint_sees_partitions_labels_and_inputs():
     shifted = toy_data()
     shifted.test["far"].x += 0.5
     assert shifted.fingerprint() != base
+
+
+def test_the_fingerprint_of_a_large_split_samples_inside_it():
+    """2^24 + 4 input values: a float32 linspace would round the last position to n
+    (the IndexError that `--set scenario=iid` met on MNIST's 54,000 × 784 values)."""
+    n = 2**24 + 4
+    x = torch.zeros(2, n // 2, dtype=torch.uint8)
+    x[-1, -1] = 7
+    split = Split(x, torch.tensor([0, 1]), torch.tensor([0, 1, 2]))
+    data = FederatedData("big", 2, (n // 2,), split, {"test": split})
+    other = FederatedData(
+        "big", 2, (n // 2,), split, {"test": Split(x * 0, split.y, split.offsets)}
+    )
+    assert data.fingerprint() != other.fingerprint()  # the last value is sampled

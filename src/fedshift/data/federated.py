@@ -139,8 +139,12 @@ class FederatedData:
                 if t is not None:
                     h.update(t.detach().cpu().contiguous().to(torch.int64).numpy().tobytes())
             flat = split.x.reshape(-1)
-            if flat.numel():
-                index = torch.linspace(0, flat.numel() - 1, min(flat.numel(), 2**16))
-                sample = flat[index.long().to(flat.device)].detach().cpu()
+            n = flat.numel()
+            if n:
+                # m evenly spaced positions, in integers: a float32 linspace rounds the
+                # last one past n - 1 for n beyond 2^24
+                m = min(n, 2**16)
+                index = torch.arange(m, dtype=torch.int64) * (n - 1) // max(m - 1, 1)
+                sample = flat[index.to(flat.device)].detach().cpu()
                 h.update(sample.to(torch.float32).numpy().tobytes())
         return h.hexdigest()
