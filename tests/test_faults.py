@@ -13,7 +13,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.api import checkpoint_path, resume
 from fedshift.engine.checkpoint import load_checkpoint
 from fedshift.engine.faults import injected_fault
-from fedshift.engine.runner import NonFiniteState
+from fedshift.engine.runner import Diverged, NonFiniteState
 from fedshift.errors import FedshiftError
 from fedshift.results.store import RunStore
 
@@ -66,9 +66,13 @@ def test_a_client_whose_training_turns_nan_is_excluded_and_recorded(aggregated_i
 def test_a_round_where_every_client_diverged_logs_nan_not_zero():
     data = toy_data()
     data.train.x[:] = float("inf")  # every client's training produces NaN
-    out = run(data=data)
-    assert all(rec.loss != rec.loss for rec in out.result.rounds)  # NaN: nothing fitted
-    assert {e for _, _, e in events(out)} == {"nonfinite", "no-usable-upload"}
+    seen = []
+    # more than half of its 4 rounds trained nothing: diverged (tests/test_divergence.py)
+    with pytest.raises(Diverged, match="round 3"):
+        run(data=data, on_round=seen.append)
+    assert len(seen) == 3 and all(rec.loss != rec.loss for rec in seen)  # NaN, not 0.0
+    kinds = {e["event"] for rec in seen for e in rec.extras["events"]}
+    assert kinds == {"nonfinite", "no-usable-upload"}
 
 
 def test_corrupted_upload_is_excluded_like_a_lost_one():
@@ -137,7 +141,7 @@ def test_non_finite_global_state_stops_with_a_usable_checkpoint(tmp_path, monkey
     with pytest.raises(NonFiniteState, match="round 3"):
         run(db=db, checkpoint_every=1)
     (rec,) = RunStore(db).runs()
-    assert rec["status"] == "failed" and "non-finite" in rec["error"]
+    assert rec["status"] == "diverged" and "non-finite" in rec["error"]
     assert rec["rounds_done"] == 2 and rec["metrics"] is None
     state = load_checkpoint(checkpoint_path(db, rec["run_id"]))
     assert state["rounds_done"] == 2

@@ -74,6 +74,8 @@ CMD = [
 
 
 def _rounds_done(db) -> int:
+    if not db.exists():  # sqlite3.connect would create an empty file, which fedshift refuses
+        return 0
     try:
         with sqlite3.connect(db) as conn:
             row = conn.execute("SELECT MAX(rounds_done) FROM runs").fetchone()

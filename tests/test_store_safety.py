@@ -117,3 +117,64 @@ def test_a_run_whose_process_died_lists_as_interrupted(tmp_path):
     subprocess.run([sys.executable, "-c", code, str(db)], check=True)
     (rec,) = RunStore(db).runs()
     assert rec["status"] == "interrupted" and "killed" in rec["error"]
+
+
+def test_a_foreign_database_is_refused_before_it_is_modified(tmp_path):
+    """No WAL switch, no -wal/-shm files: the file is byte-identical and alone."""
+    db = tmp_path / "other.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER, amount REAL)")
+        conn.execute("INSERT INTO invoices VALUES (1, 9.5)")
+    before = db.read_bytes()
+    for _ in range(2):
+        with pytest.raises(FedshiftError, match="not a fedshift run store"):
+            RunStore(db)
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_an_empty_file_is_refused_untouched(tmp_path):
+    db = tmp_path / "runs.db"
+    db.touch()
+    with pytest.raises(FedshiftError, match="is an empty file, not a fedshift run store"):
+        RunStore(db)
+    assert db.read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == ["runs.db"]
+
+
+def test_a_new_store_is_created_whole_and_reopens(tmp_path):
+    db = tmp_path / "sub" / "runs.db"
+    store = RunStore(db)
+    assert db.stat().st_size > 0  # never seen empty: built aside, then linked into place
+    assert sorted(p.name for p in db.parent.iterdir() if p.name.startswith(".")) == []
+    run_id = store.start({"algorithm": "a", "scenario": "b", "seed": 0, "rounds": 1}, {})
+    assert RunStore(db).run(run_id)["status"] == "running"
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def _create(db: str, barrier) -> None:
+    barrier.wait(timeout=120)  # both imported: create at the same moment
+    RunStore(db)
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_two_processes_opening_one_store_at_once_share_it(tmp_path, old):
+    """A new store created, or an older version's store migrated, by two at once."""
+    db = str(tmp_path / "runs.db")
+    if old:
+        RunStore(db)
+        with sqlite3.connect(db) as conn:  # drop the columns later versions added
+            conn.execute("ALTER TABLE runs DROP COLUMN pid")
+            conn.execute("ALTER TABLE runs DROP COLUMN overrides")
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_create, args=(db, barrier)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    assert RunStore(db).runs() == []
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

@@ -13,6 +13,7 @@ records the run in the run store when ``db`` is given.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import traceback
@@ -23,11 +24,11 @@ from typing import Any
 from .config import RunConfig, apply
 from .data import FederatedData, build_scenario
 from .engine.checkpoint import check_binding, config_hash, load_checkpoint
-from .engine.runner import RoundRecord, RunResult, RunStopped
+from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
-from .results.store import RunStore, check_run_id
+from .results.store import RunStore, _now, check_run_id
 
 
 @dataclass
@@ -122,10 +123,92 @@ def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
     return apply(cfg, flat).validate()
 
 
+def record_recipe(cfg: RunConfig, data: FederatedData, name_from_data: bool) -> None:
+    """Make the config of a run on ``data`` (given from Python) name how that data was
+    built, so ``fedshift run --resume`` rebuilds it: the registered scenario, its options
+    (those set in the config win) and data folder. Data assembled in Python keep their
+    name; the fingerprint (:func:`data_identity`) guards their resume."""
+    recipe = data.recipe
+    if name_from_data:
+        cfg.scenario = recipe["scenario"] if recipe else data.name
+    if recipe and recipe["scenario"] == cfg.scenario:
+        for key, value in recipe["options"].items():
+            cfg.scenario_options.setdefault(key, value)
+        if recipe["data_dir"] and not cfg.data_dir:
+            cfg.data_dir = recipe["data_dir"]
+
+
+def data_identity(data: FederatedData) -> dict[str, Any]:
+    """What the run store keeps about a run's data (``environment["data"]``): its
+    fingerprint, whether it came from a registered scenario, and that scenario's seed."""
+    recipe = data.recipe
+    return {
+        "fingerprint": data.fingerprint(),
+        "source": "scenario" if recipe else "python",
+        "scenario_seed": recipe["seed"] if recipe else None,
+    }
+
+
+def check_same_data(record: dict, data: FederatedData, seed: int) -> None:
+    """Refuse to resume a run on data other than what it trained on (its fingerprint);
+    runs of older versions recorded none and are not checked."""
+    kept = (record.get("environment") or {}).get("data") or {}
+    if not kept.get("fingerprint"):
+        return
+    now = data.fingerprint()
+    if now == kept["fingerprint"]:
+        return
+    if kept.get("source") == "python":
+        why = "it trained on data assembled in Python, not a registered scenario"
+    elif kept.get("scenario_seed") not in (None, seed):
+        why = f"its scenario was built with seed {kept['scenario_seed']}, not the run seed {seed}"
+    else:
+        why = "the dataset files or the scenario's code changed since"
+    raise FedshiftError(
+        f"the data rebuilt to resume run {record['run_id']!r} differ from the data it trained "
+        f"on (fingerprint {now[:12]}…, recorded {kept['fingerprint'][:12]}…): {why}; resume it "
+        f"from Python with that data: fedshift.api.resume({record['run_id']!r}, db, data=…)"
+    )
+
+
 def checkpoint_path(db: str | Path, run_id: str) -> Path:
     """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store
     (the id is checked first, so no id can point outside that folder)."""
     return Path(db).parent / "checkpoints" / f"{check_run_id(run_id)}.pt"
+
+
+@contextlib.contextmanager
+def training_lock(db: str | Path, run_id: str):
+    """Hold the OS lock of a run (``checkpoints/<run_id>.lock``, beside its checkpoint)
+    while this process trains it, so that two processes never train one run at once: a
+    second one is refused in one sentence naming the process that holds it. The lock goes
+    with the process (``flock``), so one left by a killed process never blocks; the small
+    file stays. Without ``fcntl`` (Windows) no lock is taken."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = checkpoint_path(db, run_id).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise FedshiftError(f"cannot create the lock file {str(path)!r}: {e}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "?"
+            raise FedshiftError(
+                f"run {run_id!r} is being trained by process {holder} right now; wait for it "
+                f"to end, or stop it (kill -TERM {holder}) and then --resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager
@@ -164,8 +247,8 @@ def run(
     it completed, and the exception propagates.
     """
     cfg = make_config(config, **settings)
-    if data is not None and "scenario" not in settings:
-        cfg.scenario = data.name
+    if data is not None:
+        record_recipe(cfg, data, "scenario" not in settings)
     store = RunStore(db) if db is not None else None
     holder: dict[str, str] = {}
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
@@ -173,9 +256,71 @@ def run(
         env = environment_info(exp.ctx.device)
         if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
             env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
+        env["data"] = data_identity(exp.data)
         holder["run_id"] = store.start(cfg.flat(), env)
     digest = config_hash(cfg.flat()) if store is not None else ""
-    return _execute(exp, store, holder.get("run_id"), None, digest)
+    if store is None:
+        return _execute(exp, None, None, None, digest)
+    with training_lock(store.path, holder["run_id"]):
+        return _execute(exp, store, holder["run_id"], None, digest)
+
+
+# keys ``resume(..., overrides=...)`` may change: how training goes on, never which data
+# or model it trains; plus ``faults.max_norm`` and ``algorithm.<option>`` for the method's
+# float options (step sizes, penalty weights). See docs/reliability.md.
+RESUME_KEYS = (
+    "lr",
+    "momentum",
+    "weight_decay",
+    "rounds",
+    "eval_every",
+    "checkpoint_every",
+    "cohort_size",
+)
+
+
+def resume_changes(record: dict, overrides: dict[str, Any]) -> tuple[dict, dict]:
+    """The run's config with ``overrides`` applied and the keys that really change
+    (``{key: {"from": old, "to": new}}``); refuses, before anything is modified, a key
+    that would change the experiment's data, model or method, and a round count below
+    the rounds already done."""
+    from .algorithms import ALGORITHMS
+    from .config import ALIASES
+    from .options import _convert, describe_options
+
+    old = dict(record["config"])
+    before = apply(RunConfig(), dict(old)).validate()
+    floats = {"faults.max_norm": 0.0}  # key → its default
+    floats |= {
+        f"algorithm.{o['name']}": o["default"]
+        for o in describe_options(ALGORITHMS.get(before.algorithm).Hyper)
+        if o["type"] == "float"
+    }
+    normalized = {ALIASES.get(k, k): v for k, v in overrides.items()}
+    for key in normalized:
+        if key not in RESUME_KEYS and key not in floats:
+            allowed = ", ".join([*RESUME_KEYS, *floats])
+            raise FedshiftError(
+                f"--resume cannot change {key!r}: it would change the experiment's data, model "
+                f"or method; start a new run for that (keys a resume can change: {allowed})"
+            )
+    after = apply(RunConfig(), {**old, **normalized}).validate()
+    new, changes = dict(old), {}
+    for key, raw in normalized.items():
+        if key in floats:
+            value = _convert(key, float, raw)
+            was = _convert(key, float, old[key]) if key in old else floats[key]
+        else:
+            value, was = after.flat()[key], before.flat()[key]
+        if value != was:
+            new[key] = value
+            changes[key] = {"from": was, "to": value}
+    if after.rounds < record["rounds_done"]:
+        raise FedshiftError(
+            f"rounds={after.rounds} is fewer than the {record['rounds_done']} rounds run "
+            f"{record['run_id']!r} has done; give rounds >= {record['rounds_done']}"
+        )
+    return new, changes
 
 
 def resume(
@@ -185,26 +330,63 @@ def resume(
     data: FederatedData | None = None,
     on_round=None,
     data_dir: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> RunOutcome:
-    """Continue an interrupted or failed run from its last checkpoint, with its recorded
-    config; the finished run has the same metrics as an uninterrupted one. A run marked
-    done without final metrics (killed, by an older version, after its last checkpoint)
-    is repaired the same way."""
+    """Continue an interrupted, failed or diverged run from its last checkpoint, with its
+    recorded config; the finished run has the same metrics as an uninterrupted one. A run
+    marked done without final metrics (killed, by an older version, after its last
+    checkpoint) is repaired the same way.
+
+    ``overrides`` (dotted keys as for :func:`run`) change how training goes on from the
+    checkpoint: ``lr``, ``rounds`` (to extend a run, even a finished one) and the other
+    ``RESUME_KEYS``, and the method's float options (``algorithm.server_lr`` …). The run's
+    config in the store becomes the new one, and its ``overrides`` record which keys
+    changed from what to what at which round; keys that would change the data, model or
+    method are refused."""
     store = RunStore(db)
-    record = store.run(check_run_id(run_id))
-    if record["status"] == "done" and record["metrics"]:
-        raise FedshiftError(f"run {run_id!r} already finished; nothing to resume")
-    cfg = apply(RunConfig(), dict(record["config"])).validate()
+    with training_lock(store.path, check_run_id(run_id)):
+        return _resume(store, run_id, data, on_round, data_dir, overrides)
+
+
+def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -> RunOutcome:
+    record = store.run(run_id)
+    config, changes = resume_changes(record, overrides or {})
+    extends = "rounds" in changes and changes["rounds"]["to"] > changes["rounds"]["from"]
+    finished = record["status"] == "done" and record["metrics"]
+    if finished and not extends:
+        raise FedshiftError(
+            f"run {run_id!r} already finished; nothing to resume (give --set rounds=N with "
+            f"N > {record['rounds']} to extend it)"
+        )
+    cfg = apply(RunConfig(), dict(config)).validate()
     if data_dir is not None:  # the data may have moved since the run started
         cfg.data_dir = data_dir
     exp = build_experiment(cfg, data=data, on_round=_recorder(store, {"run_id": run_id}, on_round))
+    check_same_data(record, exp.data, cfg.seed)
     digest = config_hash(record["config"])
     path = checkpoint_path(store.path, run_id)
     result = None
+    done = 0
     if path.exists():
         state = load_checkpoint(path)
-        check_binding(state, path, run_id, digest, cfg.rounds)
+        done = state["rounds_done"] if type(state["rounds_done"]) is int else -1
+        # hashes of the configs before changes that took effect at this checkpoint's round
+        earlier = []
+        for entry in reversed(record["overrides"]):
+            if entry.get("round") != done:
+                break
+            earlier.append(entry.get("from_hash"))
+        check_binding(state, path, run_id, digest, cfg.rounds, tuple(earlier))
         result = exp.runner.load_state_dict(state)
+    elif finished:
+        raise FedshiftError(
+            f"run {run_id!r} is finished but its checkpoint {str(path)!r} is gone; it cannot "
+            "be extended (start a new run with more rounds)"
+        )
+    if changes:
+        entry = {"round": done, "changes": changes, "from_hash": digest}
+        store.override(run_id, config, {**entry, "time": _now()})
+        digest = config_hash(config)
     store.restart(run_id)
     return _execute(exp, store, run_id, result, digest)
 
@@ -237,6 +419,14 @@ def _execute(exp, store: RunStore | None, run_id: str | None, result, digest: st
     except KeyboardInterrupt:
         if store is not None:
             store.fail(run_id, "interrupted", "interrupted by the user")
+        raise
+    except Diverged as e:
+        if store is not None:
+            store.fail(run_id, "diverged", str(e))
+            e.hint = (
+                f"its rounds are kept; to go on from its last checkpoint with a fixed setting: "
+                f"fedshift run --resume {run_id} --db {store.path} --set KEY=VALUE"
+            )
         raise
     except BaseException as e:
         if store is not None:

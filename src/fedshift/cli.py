@@ -11,10 +11,11 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .engine.runner import RunStopped
+from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
 
@@ -28,8 +29,10 @@ app = typer.Typer(
 app.add_typer(flower_app, name="flower")  # fedshift flower run … (Flower imported when run)
 data_app = typer.Typer(no_args_is_help=True, help="Prepare dataset folders from raw files.")
 app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
-err = Console(stderr=True)
-out = Console()
+# no ":name:" emoji codes: user text (keys, values, paths) is printed as written, and
+# markup in it is escaped (rich.markup.escape) wherever it is interpolated
+err = Console(stderr=True, emoji=False)
+out = Console(emoji=False)
 
 
 def user_errors(fn):
@@ -39,12 +42,22 @@ def user_errors(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
+        except Diverged as e:
+            hint = f" ({e.hint})" if e.hint else ""
+            err.print(
+                f"[red]diverged:[/red] {escape(f'{e}{hint}')}", highlight=False, soft_wrap=True
+            )
+            raise typer.Exit(3) from None
         except FedshiftError as e:
-            err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except RunStopped as e:
             hint = getattr(e, "hint", "")
-            err.print(f"stopped after round {e.rounds_done}; a checkpoint was written; {hint}")
+            err.print(
+                f"stopped after round {e.rounds_done}; a checkpoint was written; {escape(hint)}",
+                highlight=False,
+                soft_wrap=True,
+            )
             raise typer.Exit(130) from None
         except KeyboardInterrupt:
             err.print("interrupted; the run store keeps the rounds finished so far")
@@ -71,7 +84,7 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
     table.add_column("test environment")
     for name, m in rows:
         mark = " †" if m.get("degenerate") and "†" not in name else ""
-        table.add_column(name + mark, justify="right")
+        table.add_column(escape(name) + mark, justify="right")
 
     def cell(i: int, m: dict, get) -> str:
         if std is None:
@@ -80,7 +93,8 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
 
     for e in envs:
         table.add_row(
-            e, *[cell(i, m, lambda d, e=e: d["per_env"].get(e)) for i, (_, m) in enumerate(rows)]
+            escape(e),
+            *[cell(i, m, lambda d, e=e: d["per_env"].get(e)) for i, (_, m) in enumerate(rows)],
         )
     table.add_section()
     for key, label in (
@@ -103,7 +117,7 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
 
 def progress_bar(total: int, label: str):
     progress = Progress(
-        TextColumn(f"[bold]{label}[/bold]"),
+        TextColumn(f"[bold]{escape(label)}[/bold]"),
         BarColumn(),
         TextColumn("round {task.completed}/{task.total}"),
         TextColumn("loss {task.fields[loss]}"),
@@ -156,12 +170,16 @@ def run(
     from .config import parse_seeds, parse_set, resolve
 
     if resume is not None:
-        given = [source, set_, rounds, seed, seeds, cohort_size, device]
+        given = [source, seed, seeds, cohort_size, device]
         if any(v for v in given if v is not None):
             raise FedshiftError(
-                "--resume continues a run with its recorded config; give only --db and --json"
+                "--resume continues a run with its recorded config; give only --db, --json, "
+                "--data-dir, and --set / --rounds for the keys a resume may change"
             )
-        return _resume(resume, db, json_, data_dir)
+        changes = parse_set(set_ or [])
+        if rounds is not None:
+            changes["rounds"] = rounds
+        return _resume(resume, db, json_, data_dir, changes)
     overrides = parse_set(set_ or [])
     for key, value in (
         ("rounds", rounds),
@@ -195,7 +213,7 @@ def run(
     (err if json_ else out).print(table)
     err.print(
         f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
-        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {db}"
+        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {escape(str(db))}"
     )
     if summary.get("events"):
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
@@ -243,7 +261,7 @@ def sweep(
         m, s = p["metrics"], p["metrics_std"]
         table.add_row(
             "*" if i == result["selected"] else "",
-            ", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—",
+            escape(", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—"),
             f"{fmt(p['val'])} ± {fmt(p['val_std'])}",
             f"{fmt(m['worst'])} ± {fmt(s['worst'])}",
             f"{fmt(m['average'])} ± {fmt(s['average'])}",
@@ -252,17 +270,19 @@ def sweep(
     chosen = ", ".join(f"{k}={v}" for k, v in result["selected_params"].items()) or "—"
     console.print(
         summary_table(
-            f"selected {chosen} — test accuracy %",
+            f"selected {escape(chosen)} — test accuracy %",
             [(result["algorithm"], result["metrics"])],
             std=[result["metrics_std"]],
         )
     )
-    err.print(f"{len(result['run_ids'])} runs recorded in {db}")
+    err.print(f"{len(result['run_ids'])} runs recorded in {escape(str(db))}")
     if json_:
         print_json(result)
 
 
-def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
+def _resume(
+    run_id: str, db: Path, json_: bool, data_dir: str | None, changes: dict[str, str]
+) -> None:
     from .api import resume
     from .results.store import RunStore, check_run_id
 
@@ -270,9 +290,11 @@ def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
     total = RunStore(db).run(run_id)["rounds"]
+    if str(changes.get("rounds", "")).isdigit():  # the bar's end (resume checks the value)
+        total = int(changes["rounds"])
     progress, on_round = progress_bar(total, f"resuming {run_id}")
     try:
-        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir)
+        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir, overrides=changes)
     finally:
         progress.stop()
     summary = outcome.summary()
@@ -420,6 +442,9 @@ def report(
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
     format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
+    force: Annotated[
+        bool, typer.Option(help="overwrite files in --out that fedshift did not write")
+    ] = False,
 ) -> None:
     """Write a Markdown or HTML report with plots for past runs (from the run store)."""
     from .results.report import write_report
@@ -427,8 +452,8 @@ def report(
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
-    path = write_report(RunStore(db), run_ids, out_dir, format_)
-    out.print(f"report written to {path}")
+    path = write_report(RunStore(db), run_ids, out_dir, format_, force=force)
+    out.print(f"report written to {escape(str(path))}")
 
 
 @app.command()
@@ -439,17 +464,22 @@ def compare(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-compare"
     ),
+    force: Annotated[
+        bool, typer.Option(help="overwrite a plot in --out that fedshift did not write")
+    ] = False,
 ) -> None:
     """Several runs in one table (per test environment, worst, average) and one plot."""
-    from .results.report import load_runs, plot_per_env, run_label
+    from .results.report import claim_folder, load_runs, mark_written, plot_per_env, run_label
     from .results.store import RunStore
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
     runs = load_runs(RunStore(db), run_ids)
+    claim_folder(out_dir, ["accuracy_per_env.png"], force)
     out.print(summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs]))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out.print(f"plot written to {plot_per_env(runs, out_dir / 'accuracy_per_env.png')}")
+    plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
+    out.print(f"plot written to {escape(str(plot))}")
+    mark_written(out_dir, ["accuracy_per_env.png"])
 
 
 @app.command()
@@ -476,7 +506,7 @@ def demo(
     )
     for line in caveats(rows):
         out.print(line)
-    out.print(f"plot written to {plot}")
+    out.print(f"plot written to {escape(str(plot))}")
 
 
 @app.command()
@@ -557,7 +587,7 @@ def reproduce(
             pub, ours, sd = r["published"].get(m), r["ours"][m], r["ours_std"][m]
             spread = "" if sd is None else f" ± {fmt(sd)}"
             cells.append(f"{fmt(pub)} / {fmt(ours)}{spread}")
-        rows.add_row(r["name"] + (" †degenerate" if r["degenerate"] else ""), *cells)
+        rows.add_row(escape(r["name"]) + (" †degenerate" if r["degenerate"] else ""), *cells)
     (err if json_ else out).print(rows)
     for m, c in result["comparison"].items():
         rho = "—" if c["spearman"] is None else f"{c['spearman']:.2f}"
@@ -565,7 +595,7 @@ def reproduce(
             f"{m}: Spearman {rho} (non-degenerate methods); published gaps held beyond seed "
             f"noise {c['gaps_held']}/{len(c['gaps'])}"
         )
-    err.print(f"report written to {result['report']}")
+    err.print(f"report written to {escape(str(result['report']))}")
     if json_:
         print_json(result)
 
@@ -589,7 +619,7 @@ def build_waterbirds(
     folder = build_waterbirds_folder(
         cub, places, out_dir, seed=seed, progress=stderr_progress("WaterBirds")
     )
-    err.print(f"WaterBirds written to {folder}", highlight=False, soft_wrap=True)
+    err.print(f"WaterBirds written to {escape(str(folder))}", highlight=False, soft_wrap=True)
 
 
 def main() -> None:

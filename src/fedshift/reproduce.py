@@ -427,15 +427,16 @@ def _identity(config: dict) -> str:
 
 def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
     """The store's run of exactly this configuration (device and data folder aside): the
-    newest finished one, else the newest stopped one (interrupted or failed), else None.
-    One still running in another process is refused: two processes must not train it."""
+    newest finished one, else the newest stopped one (interrupted, failed or diverged),
+    else None. One still running in another process is refused: two processes must not
+    train it."""
     from .results.store import RunStore
 
     if not Path(db).exists():
         return None
     key = _identity(json.loads(json.dumps(cfg.flat(), default=str)))
     same = [r for r in RunStore(db).runs() if r["config"] and _identity(r["config"]) == key]
-    for status in ("done", "interrupted", "failed"):
+    for status in ("done", "interrupted", "failed", "diverged"):
         found = [r for r in same if r["status"] == status]
         if found:
             return found[-1]

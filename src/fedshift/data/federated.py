@@ -3,6 +3,7 @@ is gathered with one index operation and memory does not grow with per-client Py
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -86,6 +87,9 @@ class FederatedData:
     default_model: str = "mlp"
     participation: float = 1.0
     info: dict = field(default_factory=dict)
+    # how build_scenario made it: {"scenario", "options", "seed", "data_dir"}; None for
+    # data assembled in Python
+    recipe: dict | None = None
 
     def __post_init__(self) -> None:
         n = self.train.num_clients
@@ -119,4 +123,28 @@ class FederatedData:
             self.default_model,
             self.participation,
             dict(self.info),
+            self.recipe,
         )
+
+    def fingerprint(self) -> str:
+        """sha256 of what a run trains and is scored on: class count, input shape, every
+        split's client sizes, labels and environment ids, and an even sample of up to 2^16
+        input values per split, so a resume on other data (another partition, seed or
+        scenario option) is caught without hashing every pixel."""
+        h = hashlib.sha256(f"{self.num_classes}|{tuple(self.input_shape)}".encode())
+        splits = [("train", self.train), *self.val.items(), *self.test.items()]
+        for name, split in splits:
+            h.update(f"|{name}|".encode())
+            for t in (split.offsets, split.y, split.env):
+                if t is not None:
+                    h.update(t.detach().cpu().contiguous().to(torch.int64).numpy().tobytes())
+            flat = split.x.reshape(-1)
+            n = flat.numel()
+            if n:
+                # m evenly spaced positions, in integers: a float32 linspace rounds the
+                # last one past n - 1 for n beyond 2^24
+                m = min(n, 2**16)
+                index = torch.arange(m, dtype=torch.int64) * (n - 1) // max(m - 1, 1)
+                sample = flat[index.to(flat.device)].detach().cpu()
+                h.update(sample.to(torch.float32).numpy().tobytes())
+        return h.hexdigest()

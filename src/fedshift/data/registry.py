@@ -37,4 +37,11 @@ def build_scenario(
 ) -> FederatedData:
     entry = SCENARIOS.get(name)
     opts = build_options(entry.options, dict(options or {}), "scenario")
-    return entry.build(opts, seed, Path(data_dir) if data_dir is not None else None)
+    data = entry.build(opts, seed, Path(data_dir) if data_dir is not None else None)
+    data.recipe = {  # what a run records, so that a resume rebuilds exactly this
+        "scenario": name,
+        "options": {k: getattr(opts, k) for k in (options or {})},  # converted values
+        "seed": seed,
+        "data_dir": None if data_dir is None else str(data_dir),
+    }
+    return data

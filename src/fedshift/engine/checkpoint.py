@@ -92,11 +92,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def check_binding(
-    state: dict[str, Any], path: str | Path, run_id: str, config_digest: str, rounds: int
+    state: dict[str, Any],
+    path: str | Path,
+    run_id: str,
+    config_digest: str,
+    rounds: int,
+    earlier: tuple[str, ...] = (),
 ) -> None:
     """Refuse a checkpoint of another run, of another config, or of an impossible round,
-    before any of it is used. Checkpoints of older versions carry no binding: only their
-    round is checked (their server state is checked against the model on load)."""
+    before any of it is used. ``earlier`` are hashes of configs the run had before a
+    change on resume that took effect at this checkpoint's round (the checkpoint was
+    written before the change). Checkpoints of older versions carry no binding: only
+    their round is checked (their server state is checked against the model on load)."""
     where = f"checkpoint {str(path)!r}"
     if state.get("format") == FORMAT:
         if state.get("run_id") != run_id:
@@ -104,7 +111,7 @@ def check_binding(
                 f"{where} belongs to run {state.get('run_id')!r}, not to run {run_id!r}; "
                 "it cannot continue this run"
             )
-        if state.get("config_hash") != config_digest:
+        if state.get("config_hash") not in (config_digest, *earlier):
             raise FedshiftError(
                 f"{where} was written for another config (hash "
                 f"{str(state.get('config_hash'))[:12]}…, run {run_id!r} has "

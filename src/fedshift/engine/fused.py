@@ -135,11 +135,13 @@ class FusedMLPStep:
         idx: Tensor,
         wgt: Tensor,
         active: list[int],
+        between_steps: Callable[[], None] = lambda: None,
     ) -> Tensor:
         """Every step of a schedule: ``idx``/``wgt`` [C, S, B] rows of ``x_flat`` [N, D]
         (labels ``y`` [N]) and their weights, clients sorted so that the ``active[s]``
         clients still training at step ``s`` are a prefix. Returns the [C] sums of each
-        client's step losses (each taken before its step)."""
+        client's step losses (each taken before its step). ``between_steps`` is called
+        before each step."""
         c, s_max, b = idx.shape
         classes = params[self.layers[-1].weight].shape[1]
         # per-step tensors in step-major order, so that a prefix of clients is contiguous;
@@ -161,6 +163,7 @@ class FusedMLPStep:
                 neg = torch.zeros(s1 - s0, c, b, classes, dtype=scale.dtype, device=scale.device)
                 neg.scatter_(-1, labels, scale.neg())
                 for s in range(s0, s1):
+                    between_steps()  # may raise to abandon the training (a stop request)
                     k = active[s]
                     if k not in views:
                         views[k] = self._views(params, momentum, k, acc, ones)

@@ -54,6 +54,10 @@ class TrainResult:
     steps: Tensor  # [C] steps each client took
 
 
+class TrainingAbandoned(Exception):
+    """Local training stopped between two steps on request (``LocalTrainer.should_stop``)."""
+
+
 class LocalTrainer:
     def __init__(self, model: FedModel, compile: bool = False, fused: bool = True) -> None:
         self.model = model
@@ -61,7 +65,14 @@ class LocalTrainer:
         self.fused = fused  # allow the fused cross-entropy MLP step where it applies
         self.bucket_widths = compile  # run general steps at power-of-two widths
         self._steps: dict = {}
+        # asked between local steps: True abandons the training in progress (the runner
+        # sets it while a stop was requested and the round has changed no state yet)
+        self.should_stop: Callable[[], bool] = lambda: False
         keep_freed_memory()
+
+    def between_steps(self) -> None:
+        if self.should_stop():
+            raise TrainingAbandoned
 
     def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
         """The model as a pure function of its parameters and buffers."""
@@ -136,11 +147,14 @@ class LocalTrainer:
             fused = FusedMLPStep(layers, sgd, train_keys)
             x_flat = split.x.reshape(split.x.shape[0], -1)
             every = {**trained, **frozen}
-            loss_sum += fused.train(every, momentum, x_flat, split.y, idx, wgt, active)
+            loss_sum += fused.train(
+                every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps
+            )
             active = []
         step = self._step_fn(loss_fn, sgd, train_keys) if active else None
         cohort = len(order)
         for s, k in enumerate(active):
+            self.between_steps()
             # compiled: run a bucketed width (finished clients' slots have zero weight and
             # their results are dropped), so the number of graphs stays logarithmic; not
             # with buffers, which a step may update in place (batch-norm statistics)

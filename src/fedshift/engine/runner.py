@@ -24,10 +24,18 @@ from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
 from .checkpoint import save_checkpoint
 from .context import Context
 from .faults import FaultOptions, corrupt, finite, injected_fault, screen
+from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
 from .store import ClientStore
 from .tree import Tree, concat, nbytes
+
+# A run has diverged when more than this share of its rounds, or this many rounds in a row,
+# trained nothing for numerical reasons (see lost_round); docs/reliability.md.
+DIVERGED_FRACTION = 0.5
+DIVERGED_STREAK = 5
+SCREENED = ("nonfinite", "norm")  # uploads the numerical screen excluded
+INJECTED = ("dropped", "delayed", "corrupted")  # faults the user asked for (faults.*)
 
 
 @dataclass
@@ -85,6 +93,10 @@ class Runner:
         self.checkpoint_every = 0
         self.checkpoint_meta: dict = {}  # the run it belongs to (run id, config hash)
         self.stop_requested = False
+        # whether the round in progress has changed no state yet, so a stop request may
+        # abandon it between local steps (the state is still that after the last round)
+        self.abandonable = False
+        ctx.trainer.should_stop = lambda: self.stop_requested and self.abandonable
         self.faults = faults or FaultOptions()
         self.pending: list[dict] = []  # late uploads (faults.delay), delivered in a later round
         self.store = ClientStore(
@@ -98,6 +110,7 @@ class Runner:
         t0 = time.perf_counter()
         ids = sample_clients(self.ctx.data.num_clients, self.k, self.ctx.seed, r)
         uploads, weights, losses = [], [], []
+        self.abandonable = True
         up = down = 0
         for chunk in self.chunks(ids):
             cohort = self.ctx.cohort(chunk, r)
@@ -106,6 +119,8 @@ class Runner:
             result = self.alg.client_update(
                 payload, self.store.take(chunk, self.ctx.device), cohort
             )
+            check_client_state(result.state, chunk, r)
+            self.abandonable = False  # from here on the round changes client state
             self.store.put(chunk, result.state)
             up += nbytes(result.upload)
             uploads.append(result.upload)
@@ -117,7 +132,9 @@ class Runner:
             for chunk in self.chunks(rest.nonzero().flatten()):
                 state = self.store.take(chunk, self.ctx.device)
                 cohort = self.ctx.cohort(chunk, r)
-                self.store.put(chunk, self.alg.update_unsampled(self.server, state, cohort))
+                state = self.alg.update_unsampled(self.server, state, cohort)
+                check_client_state(state, chunk, r)
+                self.store.put(chunk, state)
         return self.finish_round(r, ids, uploads, weights, losses, up, down, t0)
 
     def finish_round(
@@ -134,6 +151,7 @@ class Runner:
         """The server side of a round, once every sampled client's upload is in (stacked in
         ``ids`` order): fault containment, late uploads, aggregation, the round's record.
         Shared by the in-process runner and the Flower server."""
+        self.abandonable = False
         upload = concat(uploads)
         w = torch.cat(weights).cpu().float()
         keep, events = self.contain_faults(r, ids, upload, w)
@@ -238,7 +256,7 @@ class Runner:
         and the final evaluation once there is one: a run killed after its last checkpoint
         but before the store recorded its results then resumes straight to them."""
         final = None
-        if result.metrics:
+        if result.metrics and rounds_done == self.rounds:  # not a run extended on resume
             final = {
                 "accuracy": result.accuracy,
                 "metrics": result.metrics,
@@ -275,7 +293,7 @@ class Runner:
         result.time_s, result.bytes_up = state["time_s"], state["bytes_up"]
         result.bytes_down = state["bytes_down"]
         final = state.get("final")
-        if final:
+        if final and state["rounds_done"] == self.rounds:  # else the run was extended
             try:
                 result.accuracy, result.metrics = final["accuracy"], dict(final["metrics"])
                 result.val_accuracy = final["val_accuracy"]
@@ -307,10 +325,20 @@ class Runner:
         t_start = time.perf_counter() - result.time_s
         if self.start_round == 0:
             self.server = self.alg.before_training(self.server)
+        lost = LostRounds(result.rounds)
         for r in range(self.start_round, self.rounds):
-            rec = self.train_round(r)
+            try:
+                rec = self.train_round(r)
+            except TrainingAbandoned:  # stop requested mid-round, no state changed yet
+                self.abandonable = False
+                if self.checkpoint_path and r > 0:
+                    state = {**self.checkpoint_meta, **self.state_dict(result, r)}
+                    save_checkpoint(self.checkpoint_path, state)
+                raise RunStopped(r) from None
             last = r == self.rounds - 1
-            if last or (self.eval_every and (r + 1) % self.eval_every == 0):
+            lost.add(rec)
+            diverged = lost.verdict(self.rounds)
+            if diverged is None and (last or (self.eval_every and (r + 1) % self.eval_every == 0)):
                 acc, summary, val_acc, val = self.evaluate(r)
                 rec.metrics, rec.val = summary, val
                 if last:
@@ -323,6 +351,8 @@ class Runner:
             result.time_s = time.perf_counter() - t_start
             if self.on_round:
                 self.on_round(rec)
+            if diverged is not None:  # recorded, but no checkpoint of a diverged state
+                raise Diverged(r + 1, diverged)
             due = self.checkpoint_every and (r + 1) % self.checkpoint_every == 0
             if self.checkpoint_path and (due or last or self.stop_requested):
                 state = {**self.checkpoint_meta, **self.state_dict(result, r + 1)}
@@ -364,16 +394,102 @@ def plain(value):
     return value
 
 
-class NonFiniteState(FedshiftError):
-    """The server state became NaN/Inf: the run stops; its last checkpoint stays usable."""
+def lost_round(rec: RoundRecord) -> bool:
+    """Whether a round trained nothing for numerical reasons: every participant's loss was
+    non-finite, or no upload reached aggregation and the numerical screen (non-finite or
+    exploding norm) excluded at least one that no injected fault (``faults.drop`` / ``delay``
+    / ``corrupt``) had already claimed. Rounds emptied by injected faults alone are the
+    experiment the user asked for, not divergence."""
+    if not math.isfinite(rec.loss):
+        return True
+    events = rec.extras.get("events", [])
+    if not any(e["event"] == "no-usable-upload" for e in events):
+        return False
+    injected = {e["client"] for e in events if e["event"] in INJECTED}
+    return any(e["event"] in SCREENED and e["client"] not in injected for e in events)
+
+
+class LostRounds:
+    """The rounds of a run so far that trained nothing (:func:`lost_round`), counted as
+    they come, and whether that makes the run diverged (:meth:`verdict`)."""
+
+    def __init__(self, records: list[RoundRecord] = ()) -> None:
+        self.lost: list[RoundRecord] = []
+        self.streak = 0
+        for rec in records:
+            self.add(rec)
+
+    def add(self, rec: RoundRecord) -> None:
+        if lost_round(rec):
+            self.lost.append(rec)
+            self.streak += 1
+        else:
+            self.streak = 0
+
+    def verdict(self, rounds: int) -> str | None:
+        return divergence(self.lost, self.streak >= DIVERGED_STREAK, rounds)
+
+
+def divergence(lost: list[RoundRecord], streak: bool, rounds: int) -> str | None:
+    """Why a run has diverged, or None: of its ``rounds`` planned, more than
+    DIVERGED_FRACTION are ``lost`` (trained nothing), or the last DIVERGED_STREAK were
+    (``streak``)."""
+    if len(lost) <= DIVERGED_FRACTION * rounds and not streak:
+        return None
+    events = [e["event"] for rec in lost for e in rec.extras.get("events", [])]
+    how = (
+        f"{DIVERGED_STREAK} rounds in a row"
+        if streak
+        else f"{len(lost)} of its {rounds} rounds (more than {DIVERGED_FRACTION:.0%})"
+    )
+    if events.count("norm") > events.count("nonfinite"):
+        return (
+            f"{how} had no usable upload because faults.max_norm excluded them as exploding; "
+            "raise faults.max_norm (a multiple of the round's median norm: below 1 it excludes "
+            "at least half of every round's uploads; 3 to 10 is usual)"
+        )
+    return (
+        f"{how} trained nothing (non-finite training loss or every upload NaN/Inf); lower lr "
+        "or the method's step sizes (algorithm.*)"
+    )
+
+
+def check_client_state(state: Tree, ids: Tensor, r: int) -> None:
+    """Refuse to keep a client state with NaN/Inf: that client's personal model diverged."""
+    for v in state.values():
+        if not v.is_floating_point():
+            continue
+        bad = ~torch.isfinite(v.reshape(v.shape[0], -1)).all(1)
+        if bad.any():
+            client = int(ids[bad.nonzero()[0, 0].to(ids.device)])
+            raise Diverged(
+                r + 1,
+                f"client {client}'s personal state became non-finite (NaN/Inf); lower lr or "
+                "the method's step sizes (algorithm.*)",
+            )
+
+
+class Diverged(FedshiftError):
+    """Training diverged (non-finite global or personal state, or too many rounds that
+    trained nothing): the run stops, is marked ``diverged`` without metrics; the rounds
+    it did are recorded and its last checkpoint (from before) stays usable."""
+
+    def __init__(self, round_: int, why: str) -> None:
+        super().__init__(f"the run diverged in round {round_}: {why}")
+        self.round = round_
+        self.why = why
+        self.hint = ""  # how to continue, added by the caller that knows the run id
+
+
+class NonFiniteState(Diverged):
+    """The server state became NaN/Inf after aggregation."""
 
     def __init__(self, round_: int) -> None:
         super().__init__(
-            f"the global state became non-finite (NaN/Inf) in round {round_}; the run stopped "
-            "without recording metrics and its last checkpoint is kept; lower lr, or set "
-            "faults.max_norm to exclude exploding client updates"
+            round_,
+            "the global state became non-finite (NaN/Inf); lower lr or the method's step "
+            "sizes (algorithm.*), or set faults.max_norm to exclude exploding client updates",
         )
-        self.round = round_
 
 
 class RunStopped(Exception):

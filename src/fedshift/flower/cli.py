@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from ..errors import FedshiftError
 
@@ -78,7 +79,7 @@ def run(
             round_timeout,
         )  # fmt: skip
     except FedshiftError as e:
-        cli.err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        cli.err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         cli.err.print("interrupted; the run store keeps the rounds finished so far")
@@ -153,7 +154,7 @@ def _run(
     (cli.err if json_ else cli.out).print(table)
     cli.err.print(
         f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
-        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {db}"
+        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {escape(str(db))}"
     )
     if summary.get("events"):
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))

@@ -33,7 +33,7 @@ from flwr.serverapp import Grid
 
 from ..api import RunOutcome, _recorder
 from ..config import RunConfig
-from ..engine.runner import RoundRecord, Runner
+from ..engine.runner import Diverged, RoundRecord, Runner
 from ..engine.sampling import sample_clients
 from ..engine.tree import Tree, nbytes
 from ..errors import FedshiftError
@@ -281,7 +281,7 @@ def serve(
         except BaseException as e:
             if store is not None:
                 msg = "".join(traceback.format_exception_only(e)).strip()
-                store.fail(run_id, "failed", msg)
+                store.fail(run_id, "diverged" if isinstance(e, Diverged) else "failed", msg)
             raise
         outcome = RunOutcome(run_id, cfg, result)
         if store is not None:

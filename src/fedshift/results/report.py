@@ -182,12 +182,51 @@ FIGURES = [
 ]
 
 
-def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: str = "md") -> Path:
+MARKER = ".fedshift-report"  # in a report folder: the files fedshift wrote there, one a line
+
+
+def claim_folder(out: Path, names: list[str], force: bool) -> None:
+    """Make ``out`` ready for files ``names``: refuse, before anything is written, to
+    overwrite a file there that fedshift did not write (not listed in the folder's
+    marker) unless ``force``."""
+    if out.exists() and not out.is_dir():
+        raise FedshiftError(f"--out {str(out)!r} is a file; give a folder")
+    foreign = [n for n in names if (out / n).exists() and n not in written_by_us(out)]
+    if foreign and not force:
+        raise FedshiftError(
+            f"{str(out)!r} already holds {', '.join(foreign)}, which fedshift did not write "
+            "there; give another --out folder, or --force to overwrite them"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def written_by_us(out: Path) -> set[str]:
+    marker = out / MARKER
+    return set(marker.read_text().split()) if marker.is_file() else set()
+
+
+def mark_written(out: Path, names: list[str]) -> None:
+    """List ``names`` in the folder's marker (files fedshift wrote there)."""
+    names = sorted(written_by_us(out) | set(names))
+    (out / MARKER).write_text("".join(f"{n}\n" for n in names))
+
+
+def write_report(
+    store: RunStore,
+    run_ids: list[str],
+    out_dir: str | Path,
+    fmt: str = "md",
+    *,
+    force: bool = True,
+) -> Path:
+    """Write ``report.<fmt>`` and its figures into ``out_dir``; with ``force=False`` (the
+    CLI's default) files there that fedshift did not write are never overwritten."""
     if fmt not in ("md", "html"):
         raise FedshiftError(f"report format {fmt!r} is not supported; use md or html")
     runs = load_runs(store, run_ids)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n, _, _ in FIGURES] + [n for n, _, _ in OPTIONAL_FIGURES] + [f"report.{fmt}"]
+    claim_folder(out, names, force)
     figures = [(title, fn(runs, out / name).name) for name, title, fn in FIGURES]
     for name, title, fn in OPTIONAL_FIGURES:
         drawn = fn(runs, out / name)
@@ -232,4 +271,5 @@ def write_report(store: RunStore, run_ids: list[str], out_dir: str | Path, fmt: 
             "<!doctype html><meta charset='utf-8'><title>fedshift report</title>"
             "<style>td,th{padding:2px 8px;text-align:right}</style>" + "".join(parts)
         )
+    mark_written(out, [path.name] + [f for _, f in figures])
     return path

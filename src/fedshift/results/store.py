@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import sqlite3
+import tempfile
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
@@ -64,7 +65,11 @@ CREATE TABLE IF NOT EXISTS client_accuracy (
 
 
 # columns added after the first release: (table, column, type)
-MIGRATIONS = [("rounds", "extras", "TEXT"), ("runs", "pid", "INTEGER")]
+MIGRATIONS = [
+    ("rounds", "extras", "TEXT"),
+    ("runs", "pid", "INTEGER"),
+    ("runs", "overrides", "TEXT"),  # JSON list: keys changed on --resume, at which round
+]
 
 
 RUN_ID = re.compile(r"[0-9a-f]{10}")  # what start() generates: secrets.token_hex(5)
@@ -108,14 +113,18 @@ class RunStore:
         if self.path.is_dir():
             raise FedshiftError(f"the run store {str(self.path)!r} is a folder; give a file path")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.exists():
+                self._create()
+            elif self.path.stat().st_size == 0:
+                raise FedshiftError(
+                    f"{str(self.path)!r} is an empty file, not a fedshift run store (fedshift "
+                    "never leaves one empty); remove it or give another --db path"
+                )
+            else:
+                self._inspect()  # read-only: another program's file is left as it was
             with closing(self._connect()) as conn, conn:
-                self._check_foreign(conn)
                 conn.executescript(SCHEMA)
-                for table, column, kind in MIGRATIONS:  # stores written by older versions
-                    cols = {r["name"] for r in conn.execute(f"PRAGMA table_info({table})")}
-                    if column not in cols:
-                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                self._migrate(conn)
         except sqlite3.DatabaseError as e:
             raise FedshiftError(
                 f"{str(self.path)!r} is not a readable fedshift run store ({e}); "
@@ -123,6 +132,54 @@ class RunStore:
             ) from None
         except (OSError, sqlite3.Error) as e:
             raise FedshiftError(f"cannot open the run store {str(self.path)!r}: {e}") from None
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """Add the columns later versions added (stores written by older versions). Two
+        processes may open one store at once: the check is redone under the write lock."""
+
+        def missing() -> list[tuple[str, str, str]]:
+            cols = {
+                t: {r[1] for r in conn.execute(f"PRAGMA table_info({t})")}
+                for t in {m[0] for m in MIGRATIONS}
+            }
+            return [m for m in MIGRATIONS if m[1] not in cols[m[0]]]
+
+        if missing():
+            conn.execute("BEGIN IMMEDIATE")
+            for table, column, kind in missing():
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+    def _create(self) -> None:
+        """A new store: its schema is written to a temporary file in the same folder that
+        is then linked into place, so a store file is never seen empty or half made (and
+        of two processes creating it at once, the first one's is kept)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        os.close(fd)
+        try:
+            with closing(sqlite3.connect(tmp)) as conn, conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.executescript(SCHEMA)
+                self._migrate(conn)
+            try:
+                os.link(tmp, self.path)
+            except FileExistsError:
+                pass  # another process created it meanwhile
+            except OSError:  # a file system without hard links
+                if not self.path.exists():
+                    os.replace(tmp, self.path)
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                Path(tmp + suffix).unlink(missing_ok=True)
+
+    def _inspect(self) -> None:
+        """Refuse, through a read-only connection, a file that is not a fedshift run store
+        before anything (WAL mode, tables) is written to it."""
+        uri = self.path.resolve().as_uri() + "?mode=ro"
+        with closing(sqlite3.connect(uri, uri=True, timeout=30)) as conn:
+            conn.row_factory = sqlite3.Row
+            self._check_foreign(conn)
 
     def _check_foreign(self, conn: sqlite3.Connection) -> None:
         """Refuse an SQLite database of another program rather than add tables to it."""
@@ -201,6 +258,23 @@ class RunStore:
                 (os.getpid(), run_id),
             )
 
+    def override(self, run_id: str, config: dict[str, Any], entry: dict[str, Any]) -> None:
+        """Record a change of config on resume: the run's config becomes ``config`` (its
+        ``rounds`` too) and ``entry`` (which keys changed at which round) is appended to its
+        ``overrides``, in one transaction."""
+        with closing(self._connect()) as conn, conn:
+            row = conn.execute("SELECT overrides FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            history = json.loads(row["overrides"]) if row and row["overrides"] else []
+            conn.execute(
+                "UPDATE runs SET config=?, rounds=?, overrides=? WHERE run_id=?",
+                (
+                    json.dumps(config),
+                    config["rounds"],
+                    json.dumps([*history, entry]),
+                    run_id,
+                ),
+            )
+
     def finish(self, run_id: str, result, val: float | None) -> None:
         rows = []
         for split, acc, names in (
@@ -263,6 +337,7 @@ class RunStore:
         d = dict(row)
         for k in ("config", "environment", "metrics"):
             d[k] = json.loads(d[k]) if d[k] else None
+        d["overrides"] = json.loads(d["overrides"]) if d.get("overrides") else []
         if d["status"] == "running" and not _alive(d.pop("pid", None)):
             # its process is gone without a word (SIGKILL, power cut): resumable, not running
             d["status"] = "interrupted"
