@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from toy import toy_data
+from toy import power_cut_at, toy_data
 
 import fedshift as fs
 from fedshift.api import checkpoint_path, resume
-from fedshift.engine.runner import Runner
 from fedshift.errors import FedshiftError
 from fedshift.results.store import RunStore
 
@@ -24,17 +23,8 @@ SETTINGS = dict(lr=0.1, batch_size=8, rounds=4, model_options={"hidden": [8]}, e
 
 
 def failed_run(db, monkeypatch) -> str:
-    original = Runner.train_round
-
-    def crash(self, r):
-        if r == 2:
-            raise RuntimeError("power cut")
-        return original(self, r)
-
-    monkeypatch.setattr(Runner, "train_round", crash)
-    with pytest.raises(RuntimeError):
+    with power_cut_at(monkeypatch, 2), pytest.raises(RuntimeError):
         fs.run(algorithm="fedavg", data=toy_data(), db=db, checkpoint_every=1, **SETTINGS)
-    monkeypatch.setattr(Runner, "train_round", original)
     return RunStore(db).runs()[0]["run_id"]
 
 

@@ -9,14 +9,13 @@ import sqlite3
 
 import pytest
 import torch
-from toy import toy_data
+from toy import power_cut_at, toy_data
 from typer.testing import CliRunner
 
 import fedshift as fs
 from fedshift.api import resume
 from fedshift.cli import app
 from fedshift.data.federated import FederatedData, Split
-from fedshift.engine.runner import Runner
 from fedshift.errors import FedshiftError
 from fedshift.results.store import RunStore
 
@@ -24,17 +23,8 @@ SETTINGS = dict(algorithm="fedavg", rounds=4, eval_every=1)
 
 
 def crashed(db, data, monkeypatch, **kw) -> str:
-    original = Runner.train_round
-
-    def crash(self, r):
-        if r == 2:
-            raise RuntimeError("power cut")
-        return original(self, r)
-
-    monkeypatch.setattr(Runner, "train_round", crash)
-    with pytest.raises(RuntimeError):
+    with power_cut_at(monkeypatch, 2), pytest.raises(RuntimeError):
         fs.run(data=data, db=db, checkpoint_every=1, **{**SETTINGS, **kw})
-    monkeypatch.setattr(Runner, "train_round", original)
     return RunStore(db).runs()[0]["run_id"]
 
 

@@ -3,6 +3,8 @@ chosen (very unequal) sizes, two test environments with shifted means."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from fedshift.data.federated import FederatedData, Split
@@ -51,3 +53,22 @@ def algorithm_test_data(algorithm: str):
     with environment ids for every method, since methods that need none must ignore them
     (their losses see ``extras["env"]`` all the same)."""
     return toy_env_data
+
+
+@contextmanager
+def power_cut_at(monkeypatch, round_: int):
+    """Make ``Runner.train_round`` raise in round ``round_`` (a simulated crash), then undo it."""
+    from fedshift.engine.runner import Runner
+
+    original = Runner.train_round
+
+    def crash(self, r):
+        if r == round_:
+            raise RuntimeError("power cut")
+        return original(self, r)
+
+    monkeypatch.setattr(Runner, "train_round", crash)
+    try:
+        yield
+    finally:
+        monkeypatch.setattr(Runner, "train_round", original)
