@@ -190,8 +190,10 @@ def resume(
     config; the finished run has the same metrics as an uninterrupted one. A run marked
     done without final metrics (killed, by an older version, after its last checkpoint)
     is repaired the same way."""
+    check_run_id(run_id, prefix=True)  # before the store: a hostile id never gets that far
     store = RunStore(db)
-    record = store.run(check_run_id(run_id))
+    record = store.run(run_id)  # a unique prefix names the run too
+    run_id = check_run_id(record["run_id"])
     if record["status"] == "done" and record["metrics"]:
         raise FedshiftError(f"run {run_id!r} already finished; nothing to resume")
     cfg = apply(RunConfig(), dict(record["config"])).validate()

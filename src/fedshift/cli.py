@@ -30,6 +30,7 @@ data_app = typer.Typer(no_args_is_help=True, help="Prepare dataset folders from 
 app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 err = Console(stderr=True)
 out = Console()
+RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
 
 
 def user_errors(fn):
@@ -147,7 +148,8 @@ def run(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     resume: Annotated[
-        str | None, typer.Option(help="continue an interrupted run (RUN_ID) from its checkpoint")
+        str | None,
+        typer.Option(help="continue an interrupted run (RUN_ID or a unique prefix of it)"),
     ] = None,
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store."""
@@ -266,10 +268,11 @@ def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
     from .api import resume
     from .results.store import RunStore, check_run_id
 
-    check_run_id(run_id)
+    check_run_id(run_id, prefix=True)
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
-    total = RunStore(db).run(run_id)["rounds"]
+    record = RunStore(db).run(run_id)  # a unique prefix names the run too
+    run_id, total = check_run_id(record["run_id"]), record["rounds"]
     progress, on_round = progress_bar(total, f"resuming {run_id}")
     try:
         outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir)
@@ -351,7 +354,8 @@ def runs(
         print_json(rows)
         return
     table = Table(title=f"runs in {db}")
-    for c in ("run_id", "status", "algorithm", "scenario", "seed", "rounds", "worst", "average"):
+    table.add_column("run_id", no_wrap=True, min_width=RUN_ID_WIDTH)  # never cut: it is copied
+    for c in ("status", "algorithm", "scenario", "seed", "rounds", "worst", "average"):
         table.add_column(c)
     for r in rows:
         table.add_row(
@@ -416,7 +420,7 @@ def describe(
 @app.command()
 @user_errors
 def report(
-    run_ids: Annotated[list[str], typer.Argument(help="one or more run ids")],
+    run_ids: Annotated[list[str], typer.Argument(help="one or more run ids (or unique prefixes)")],
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
     format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
@@ -434,7 +438,7 @@ def report(
 @app.command()
 @user_errors
 def compare(
-    run_ids: Annotated[list[str], typer.Argument(help="two or more run ids")],
+    run_ids: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes)")],
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-compare"
