@@ -89,7 +89,7 @@ def test_report_and_compare_take_prefixes(db, tmp_path):
     assert "abc1230000" in res.output and "abc4560000" in res.output
 
 
-@pytest.mark.parametrize("command", ["report", "compare"])
+@pytest.mark.parametrize("command", ["report", "compare", "show"])
 def test_an_ambiguous_prefix_on_the_command_line_is_one_line(db, tmp_path, command):
     res = runner.invoke(app, [command, "abc", "--db", str(db)])
     assert res.exit_code == 2

@@ -373,6 +373,38 @@ def runs(
 
 @app.command()
 @user_errors
+def show(
+    run_id: Annotated[str, typer.Argument(help="a run id or a unique prefix of one")],
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    all_rounds: Annotated[
+        bool, typer.Option(help="every stored round, not only the evaluated ones")
+    ] = False,
+    json_: Annotated[
+        bool, typer.Option("--json", help="print everything stored about the run as one JSON line")
+    ] = False,
+) -> None:
+    """One run in full: status, every config key, final accuracies and the training curve."""
+    from .results.show import config_table, curve_table, header
+    from .results.store import RunStore
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
+    record = RunStore(db).run(run_id)
+    record["resumable"] = _resumable(db, record)
+    if json_:
+        print_json(record)
+        return
+    out.print(header(record), highlight=False, soft_wrap=True)
+    out.print(config_table(record))
+    if record["metrics"]:
+        out.print(summary_table("final accuracy %", [(record["algorithm"], record["metrics"])]))
+    else:
+        out.print(f"no final metrics ({record['status']}); resumable: {record['resumable']}")
+    out.print(curve_table(record, all_rounds))
+
+
+@app.command()
+@user_errors
 def describe(
     what: Annotated[str, typer.Argument(help="scenario")],
     name: Annotated[str, typer.Argument(help="scenario name")],
