@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -322,17 +323,31 @@ def _resumable(db: Path, run: dict) -> bool:
     return checkpoint_path(db, run["run_id"]).exists()
 
 
+RUNS_FIXED = ("run_id", "status", "algorithm", "scenario", "seed", "rounds")
+MAX_VARYING = 6  # more varying keys than this go to the caption (narrow with --where)
+
+
 @app.command()
 @user_errors
 def runs(
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="keep runs whose config key (or status) has this value: key=value (repeatable)"
+        ),
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
 ) -> None:
-    """List the runs recorded in the run store."""
+    """List the runs recorded in the run store, with the config keys that tell them apart."""
+    from .results.select import matches, parse_where, varying_keys
     from .results.store import RunStore
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; run `fedshift run` first or pass --db")
+    stored = RunStore(db).runs()
+    conditions = parse_where(where or [], stored)
+    selected = [r for r in stored if matches(r, conditions)]
     rows = [
         {
             "run_id": r["run_id"],
@@ -347,17 +362,26 @@ def runs(
             "metrics": {
                 k: (r["metrics"] or {}).get(k) for k in ("worst", "average", "worst_client")
             },
+            "config": r["config"],
         }
-        for r in RunStore(db).runs()
+        for r in selected
     ]
     if json_:
         print_json(rows)
         return
-    table = Table(title=f"runs in {db}")
+    varying = varying_keys(selected, skip=RUNS_FIXED)
+    shown = varying[:MAX_VARYING]
+    title = f"runs in {db}" + (f" where {', '.join(where or [])}" if where else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("run_id", no_wrap=True, min_width=RUN_ID_WIDTH)  # never cut: it is copied
-    for c in ("status", "algorithm", "scenario", "seed", "rounds", "worst", "average"):
+    for c in RUNS_FIXED[1:]:
+        table.add_column(c)
+    for k in shown:
+        table.add_column(k)
+    for c in ("worst", "average"):
         table.add_column(c)
     for r in rows:
+        config = r["config"] or {}
         table.add_row(
             r["run_id"],
             r["status"],
@@ -365,9 +389,14 @@ def runs(
             r["scenario"],
             str(r["seed"]),
             f"{r['rounds_done']}/{r['rounds']}",
+            *[str(config[k]) if k in config else "—" for k in shown],
             fmt(r["metrics"]["worst"]),
             fmt(r["metrics"]["average"]),
         )
+    if len(varying) > len(shown):
+        table.caption = f"also varying: {', '.join(varying[len(shown) :])} (narrow with --where)"
+    if not rows:
+        table.caption = "no run matches" if where else "the store holds no runs"
     out.print(table)
 
 
