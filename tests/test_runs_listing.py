@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 import fedshift as fs
 from fedshift.cli import app
-from fedshift.results.select import canonical, varying_keys
+from fedshift.config import canonical
+from fedshift.results.select import varying_keys
 
 runner = CliRunner()
 SETTINGS = dict(batch_size=8, rounds=1, model_options={"hidden": [8]})

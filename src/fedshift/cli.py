@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .cli_once import OnceCommand
 from .engine.runner import RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
@@ -129,7 +130,7 @@ def progress_bar(total: int, label: str):
     return progress, on_round
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def run(
     source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
@@ -156,7 +157,7 @@ def run(
     """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
     from .api import seeds_summary
-    from .config import parse_seeds, parse_set, resolve
+    from .config import add_options, parse_seeds, parse_set, resolve
 
     if resume is not None:
         given = [source, set_, rounds, seed, seeds, cohort_size, device]
@@ -165,17 +166,19 @@ def run(
                 "--resume continues a run with its recorded config; give only --db and --json"
             )
         return _resume(resume, db, json_, data_dir)
-    overrides = parse_set(set_ or [])
-    for key, value in (
-        ("rounds", rounds),
-        ("seed", seed),
-        ("cohort_size", cohort_size),
-        ("device", device),
-        ("data_dir", data_dir),
-    ):
-        if value is not None:
-            overrides[key] = value
+    overrides = add_options(
+        parse_set(set_ or []),
+        {
+            "rounds": rounds,
+            "seed": seed,
+            "cohort_size": cohort_size,
+            "device": device,
+            "data_dir": data_dir,
+        },
+    )
     seed_list = parse_seeds(seeds) if seeds is not None else [None]
+    if seeds is not None and "seed" in overrides:
+        raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
     outcomes = []
     for s in seed_list:
         cfg = resolve(source, overrides if s is None else {**overrides, "seed": s})
@@ -207,7 +210,7 @@ def run(
         print_json(summary)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def sweep(
     source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
@@ -225,13 +228,12 @@ def sweep(
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
-    from .config import parse_seeds, parse_set
+    from .config import add_options, parse_seeds, parse_set
     from .sweep import parse_grid, run_sweep
 
-    overrides = parse_set(set_ or [])
-    for key, value in (("rounds", rounds), ("device", device), ("data_dir", data_dir)):
-        if value is not None:
-            overrides[key] = value
+    overrides = add_options(
+        parse_set(set_ or []), {"rounds": rounds, "device": device, "data_dir": data_dir}
+    )
     result = run_sweep(
         source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar
     )
@@ -288,7 +290,7 @@ def _resume(run_id: str, db: Path, json_: bool, data_dir: str | None) -> None:
         print_json(summary)
 
 
-@app.command("list")
+@app.command("list", cls=OnceCommand)
 @user_errors
 def list_(
     what: Annotated[str, typer.Argument(help="algorithms, scenarios, presets or models")],
@@ -327,7 +329,7 @@ RUNS_FIXED = ("run_id", "status", "algorithm", "scenario", "seed", "rounds")
 MAX_VARYING = 6  # more varying keys than this go to the caption (narrow with --where)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def runs(
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
@@ -400,7 +402,7 @@ def runs(
     out.print(table)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def show(
     run_id: Annotated[str, typer.Argument(help="a run id or a unique prefix of one")],
@@ -432,7 +434,7 @@ def show(
     out.print(curve_table(record, all_rounds))
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def describe(
     what: Annotated[str, typer.Argument(help="scenario")],
@@ -478,7 +480,7 @@ def describe(
     out.print(table)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def report(
     run_ids: Annotated[list[str], typer.Argument(help="one or more run ids (or unique prefixes)")],
@@ -496,7 +498,7 @@ def report(
     out.print(f"report written to {path}")
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def compare(
     run_ids: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes)")],
@@ -517,7 +519,7 @@ def compare(
     out.print(f"plot written to {plot_per_env(runs, out_dir / 'accuracy_per_env.png')}")
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
@@ -544,7 +546,7 @@ def demo(
     out.print(f"plot written to {plot}")
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def reproduce(
     table: Annotated[str, typer.Argument(help="table id (fedshift list presets) or TOML file")],
@@ -587,11 +589,11 @@ def reproduce(
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
-    from .config import parse_set
+    from .config import add_options, parse_set
     from .reproduce import reproduce as reproduce_table
 
-    extra = parse_set(set_ or [])
-    extra.update({k: v for k, v in (("device", device), ("data_dir", data_dir)) if v is not None})
+    extra = add_options(parse_set(set_ or []), {"device": device, "data_dir": data_dir})
+    add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
 
     def progress(total, label):
         bar, on_round = progress_bar(total, label)
@@ -635,7 +637,7 @@ def reproduce(
         print_json(result)
 
 
-@data_app.command("build-waterbirds")
+@data_app.command("build-waterbirds", cls=OnceCommand)
 @user_errors
 def build_waterbirds(
     cub: Annotated[

@@ -2,9 +2,9 @@
 config keys whose values differ among the listed runs (the columns that tell the eight
 runs of a sweep apart).
 
-The store keeps each config value as it was given: ``--set lr=0.01`` records the string
-``"0.01"``, a TOML file the number ``0.01``. Values are compared in a canonical form, so
-both are the same value, and so are ``1`` and ``1.0``, ``true`` and ``True``.
+The store keeps each config value as it was given (``--set lr=0.01`` records the string
+``"0.01"``, a TOML file the number); values are compared by what they mean
+(:func:`fedshift.config.canonical`).
 """
 
 from __future__ import annotations
@@ -12,30 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..config import ALIASES
+from ..config import ALIASES, canonical
 from ..errors import FedshiftError, did_you_mean
 
 RUN_FIELDS = ("status",)  # filterable columns of a run that are no config key
-
-
-def canonical(value: Any) -> Any:
-    """The value a config entry means: numbers as floats, ``"0.01"`` as 0.01, lists
-    element-wise; anything else as given."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value.strip())
-        except ValueError:
-            low = value.strip().lower()
-            return {"true": True, "false": False, "none": None}.get(low, value.strip())
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, (list, tuple)):
-        return [canonical(v) for v in value]
-    if isinstance(value, dict):
-        return {k: canonical(v) for k, v in value.items()}
-    return value
 
 
 def _key(value: Any) -> str:
