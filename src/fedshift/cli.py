@@ -506,17 +506,36 @@ def compare(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-compare"
     ),
+    json_: Annotated[
+        bool, typer.Option("--json", help="last stdout line: the compared runs as JSON")
+    ] = False,
+    csv: Annotated[
+        Path | None, typer.Option(help="also write the table as CSV: one row per run")
+    ] = None,
 ) -> None:
     """Several runs in one table (per test environment, worst, average) and one plot."""
+    from .results.frames import comparison_frame
     from .results.report import load_runs, plot_per_env, run_label
     from .results.store import RunStore
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
     runs = load_runs(RunStore(db), run_ids)
-    out.print(summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs]))
+    table = summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs])
+    (err if json_ else out).print(table)
     out_dir.mkdir(parents=True, exist_ok=True)
-    out.print(f"plot written to {plot_per_env(runs, out_dir / 'accuracy_per_env.png')}")
+    plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
+    (err if json_ else out).print(f"plot written to {plot}")
+    if csv is not None:
+        if csv.is_dir():
+            raise FedshiftError(f"--csv {str(csv)!r} is a folder; give a file path")
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        comparison_frame(runs).to_csv(csv, index=False)
+        err.print(f"table written to {csv}")
+    if json_:
+        keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics")
+        rows = [{"label": run_label(r), **{k: r[k] for k in keys}} for r in runs]
+        print_json({"runs": rows, "plot": str(plot), "csv": None if csv is None else str(csv)})
 
 
 @app.command(cls=OnceCommand)

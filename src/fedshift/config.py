@@ -134,16 +134,24 @@ def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     return cfg
 
 
+def parsed(value: Any) -> Any:
+    """A value given as text on the command line read as the number, boolean or list it
+    spells (``"0.01"`` → 0.01, ``"true"`` → True, ``"[8,16]"`` → [8, 16]); other text and
+    non-text values as they are. The store keeps ``--set`` values as text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value.strip())
+    except ValueError:
+        low = value.strip().lower()
+        return {"true": True, "false": False, "none": None}.get(low, value.strip())
+
+
 def canonical(value: Any) -> Any:
     """What a config value means, however it was written: ``"0.01"`` (from ``--set``),
-    ``1e-2`` and ``0.01`` (from TOML) are the same float; ``"true"`` is True; lists
-    element-wise; anything else as given. The store keeps values as given."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value.strip())
-        except ValueError:
-            low = value.strip().lower()
-            return {"true": True, "false": False, "none": None}.get(low, value.strip())
+    ``1e-2`` and ``0.01`` (from TOML) are the same float, as are 1 and 1.0; ``"true"`` is
+    True; lists element-wise."""
+    value = parsed(value)
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, (int, float)):
