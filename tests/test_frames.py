@@ -115,5 +115,9 @@ def test_compare_writes_json_and_csv(stored, tmp_path):
     assert table["per_env.near"].tolist() == pytest.approx(
         [o.metrics["per_env"]["near"] for o in outs]
     )
-    bad = runner.invoke(app, ["compare", *ids, "--db", str(db), "--csv", str(tmp_path)])
+    out = tmp_path / "plots"
+    bad = runner.invoke(
+        app, ["compare", *ids, "--db", str(db), "--csv", str(tmp_path), "--out", str(out)]
+    )
     assert bad.exit_code == 2 and "is a folder" in bad.output
+    assert not out.exists()  # refused before any work

@@ -35,6 +35,26 @@ out = Console()
 RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        out.print(f"fedshift {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Options of ``fedshift`` itself (before the command)."""
+
+
 def user_errors(fn):
     """Bad input → one line on stderr and exit code 2, never a traceback."""
 
@@ -520,6 +540,8 @@ def compare(
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
+    if csv is not None and csv.is_dir():
+        raise FedshiftError(f"--csv {str(csv)!r} is a folder; give a file path")
     runs = load_runs(RunStore(db), run_ids)
     table = summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs])
     (err if json_ else out).print(table)
@@ -527,8 +549,6 @@ def compare(
     plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
     (err if json_ else out).print(f"plot written to {plot}")
     if csv is not None:
-        if csv.is_dir():
-            raise FedshiftError(f"--csv {str(csv)!r} is a folder; give a file path")
         csv.parent.mkdir(parents=True, exist_ok=True)
         comparison_frame(runs).to_csv(csv, index=False)
         err.print(f"table written to {csv}")

@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import click
 import typer
 from rich.console import Console
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperOption
 
 from .config import canonical
 
@@ -15,10 +14,10 @@ class OnceCommand(TyperCommand):
     """A command that refuses a single-value option given twice with different values
     (one line on stderr, exit code 2, like every other bad input)."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         single = {}
         for p in self.params:
-            if isinstance(p, click.Option) and not (p.multiple or p.is_flag or p.count):
+            if isinstance(p, TyperOption) and not (p.multiple or p.is_flag or p.count):
                 single.update({name: p.opts[0] for name in p.opts + p.secondary_opts})
         given: dict[str, list[str]] = {}
         i = 0

@@ -17,7 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from .errors import FedshiftError, did_you_mean
 from .options import _convert, require
@@ -239,7 +242,8 @@ def load_source(source: str) -> dict[str, Any]:
         text = preset_text(source)
     else:
         raise FedshiftError(
-            f"{source!r} is neither a TOML file nor a preset; presets: {', '.join(preset_names())}"
+            f"{source!r} is neither a TOML file nor a preset{did_you_mean(source, preset_names())}"
+            f"; presets: {', '.join(preset_names())}"
         )
     try:
         return _flatten(tomllib.loads(text))
