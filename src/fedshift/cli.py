@@ -359,6 +359,16 @@ def runs(
             help="keep runs whose config key (or status) has this value: key=value (repeatable)"
         ),
     ] = None,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="delete the checkpoints of the listed runs that are done (never of interrupted,"
+            " failed or running ones)"
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option(help="with --prune: name the checkpoints, delete nothing")
+    ] = False,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
 ) -> None:
     """List the runs recorded in the run store, with the config keys that tell them apart."""
@@ -367,9 +377,13 @@ def runs(
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; run `fedshift run` first or pass --db")
+    if dry_run and not prune:
+        raise FedshiftError("--dry-run goes with --prune (it shows what --prune would delete)")
     stored = RunStore(db).runs()
     conditions = parse_where(where or [], stored)
     selected = [r for r in stored if matches(r, conditions)]
+    if prune:
+        return _prune(db, selected, dry_run, json_)
     rows = [
         {
             "run_id": r["run_id"],
@@ -420,6 +434,23 @@ def runs(
     if not rows:
         table.caption = "no run matches" if where else "the store holds no runs"
     out.print(table)
+
+
+def _prune(db: Path, runs: list[dict], dry_run: bool, json_: bool) -> None:
+    from .results.prune import prune
+
+    pruned = prune(db, runs, dry_run)
+    total = sum(size for _, _, size in pruned)
+    verb = "would delete" if dry_run else "deleted"
+    for run_id, path, size in pruned:
+        err.print(f"{verb} {path} ({size / 1e6:.1f} MB, run {run_id})", highlight=False)
+    (err if json_ else out).print(
+        f"{verb} {len(pruned)} checkpoint(s) of finished runs, {total / 1e6:.1f} MB",
+        highlight=False,
+    )
+    if json_:
+        files = [{"run_id": r, "path": str(p), "bytes": n} for r, p, n in pruned]
+        print_json({"dry_run": dry_run, "checkpoints": files, "bytes": total})
 
 
 @app.command(cls=OnceCommand)
