@@ -238,7 +238,7 @@ class RunStore:
 
     def resolve(self, ref: str) -> str:
         """The full id of the one run whose id is ``ref`` or starts with it, so that any
-        unique prefix of an id (as short as ``git`` allows for commits) names the run."""
+        unique prefix of an id names the run, as with git commits."""
         if not isinstance(ref, str) or not ref.strip():
             raise FedshiftError(f"{ref!r} is not a run id; give an id or a prefix of one")
         ref = ref.strip()
