@@ -7,13 +7,17 @@ import json
 import re
 
 import pytest
-import tomllib
 from typer.testing import CliRunner
 
 from fedshift.cli import app
 from fedshift.errors import FedshiftError
 from fedshift.reproduce import load_table, reproduce, table_names
 from fedshift.results.store import RunStore
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 TINY = """
 [table]

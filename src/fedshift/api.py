@@ -4,7 +4,7 @@
     data = fs.scenario("dirichlet", alpha=0.1, clients=20, data_dir="../shared/datasets")
     out = fs.run(algorithm="fedprox", data=data, rounds=20, algorithm_options={"mu": 0.01})
     out.metrics["worst"], out.metrics["per_env"]
-    out.frame()  # one row per client × environment (a DataFrame if pandas is installed)
+    out.frame()  # a DataFrame: one row per client × environment
 
 ``fs.run`` takes the same keys as the CLI (``rounds``, ``lr``, ``"scenario.alpha"`` …) and
 records the run in the run store when ``db`` is given.
@@ -59,18 +59,17 @@ class RunOutcome:
         }
 
     def frame(self):
-        """Per-client × per-environment accuracies, as a DataFrame when pandas is present."""
+        """Per-client × per-environment test accuracies (%) as a DataFrame with the columns
+        ``client, env, accuracy`` (what ``fs.load_client_metrics`` gives for a stored run)."""
+        import pandas as pd
+
         acc = self.result.accuracy
         rows = [
             {"client": c, "env": env, "accuracy": float(acc[c, j])}
             for c in range(acc.shape[0])
             for j, env in enumerate(self.result.env_names)
         ]
-        try:
-            import pandas as pd
-        except ImportError:
-            return rows
-        return pd.DataFrame(rows)
+        return pd.DataFrame(rows, columns=["client", "env", "accuracy"])
 
 
 def count_events(rounds: list[RoundRecord]) -> dict[str, int]:
@@ -343,8 +342,10 @@ def resume(
     config in the store becomes the new one, and its ``overrides`` record which keys
     changed from what to what at which round; keys that would change the data, model or
     method are refused."""
+    check_run_id(run_id, prefix=True)  # before the store: a hostile id never gets that far
     store = RunStore(db)
-    with training_lock(store.path, check_run_id(run_id)):
+    run_id = check_run_id(store.run(run_id)["run_id"])  # a unique prefix names the run too
+    with training_lock(store.path, run_id):
         return _resume(store, run_id, data, on_round, data_dir, overrides)
 
 

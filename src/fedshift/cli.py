@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from .cli_once import OnceCommand
 from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
@@ -33,6 +35,27 @@ app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 # markup in it is escaped (rich.markup.escape) wherever it is interpolated
 err = Console(stderr=True, emoji=False)
 out = Console(emoji=False)
+RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        out.print(f"fedshift {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Options of ``fedshift`` itself (before the command)."""
 
 
 def user_errors(fn):
@@ -141,7 +164,7 @@ def progress_bar(total: int, label: str):
     return progress, on_round
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def run(
     source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
@@ -161,13 +184,14 @@ def run(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     resume: Annotated[
-        str | None, typer.Option(help="continue an interrupted run (RUN_ID) from its checkpoint")
+        str | None,
+        typer.Option(help="continue an interrupted run (RUN_ID or a unique prefix of it)"),
     ] = None,
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
     from .api import seeds_summary
-    from .config import parse_seeds, parse_set, resolve
+    from .config import add_options, parse_seeds, parse_set, resolve
 
     if resume is not None:
         given = [source, seed, seeds, cohort_size, device]
@@ -176,21 +200,21 @@ def run(
                 "--resume continues a run with its recorded config; give only --db, --json, "
                 "--data-dir, and --set / --rounds for the keys a resume may change"
             )
-        changes = parse_set(set_ or [])
-        if rounds is not None:
-            changes["rounds"] = rounds
+        changes = add_options(parse_set(set_ or []), {"rounds": rounds})
         return _resume(resume, db, json_, data_dir, changes)
-    overrides = parse_set(set_ or [])
-    for key, value in (
-        ("rounds", rounds),
-        ("seed", seed),
-        ("cohort_size", cohort_size),
-        ("device", device),
-        ("data_dir", data_dir),
-    ):
-        if value is not None:
-            overrides[key] = value
+    overrides = add_options(
+        parse_set(set_ or []),
+        {
+            "rounds": rounds,
+            "seed": seed,
+            "cohort_size": cohort_size,
+            "device": device,
+            "data_dir": data_dir,
+        },
+    )
     seed_list = parse_seeds(seeds) if seeds is not None else [None]
+    if seeds is not None and "seed" in overrides:
+        raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
     outcomes = []
     for s in seed_list:
         cfg = resolve(source, overrides if s is None else {**overrides, "seed": s})
@@ -222,7 +246,7 @@ def run(
         print_json(summary)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def sweep(
     source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
@@ -240,13 +264,12 @@ def sweep(
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
-    from .config import parse_seeds, parse_set
+    from .config import add_options, parse_seeds, parse_set
     from .sweep import parse_grid, run_sweep
 
-    overrides = parse_set(set_ or [])
-    for key, value in (("rounds", rounds), ("device", device), ("data_dir", data_dir)):
-        if value is not None:
-            overrides[key] = value
+    overrides = add_options(
+        parse_set(set_ or []), {"rounds": rounds, "device": device, "data_dir": data_dir}
+    )
     result = run_sweep(
         source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar
     )
@@ -286,10 +309,11 @@ def _resume(
     from .api import resume
     from .results.store import RunStore, check_run_id
 
-    check_run_id(run_id)
+    check_run_id(run_id, prefix=True)
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
-    total = RunStore(db).run(run_id)["rounds"]
+    record = RunStore(db).run(run_id)  # a unique prefix names the run too
+    run_id, total = check_run_id(record["run_id"]), record["rounds"]
     if str(changes.get("rounds", "")).isdigit():  # the bar's end (resume checks the value)
         total = int(changes["rounds"])
     progress, on_round = progress_bar(total, f"resuming {run_id}")
@@ -306,7 +330,7 @@ def _resume(
         print_json(summary)
 
 
-@app.command("list")
+@app.command("list", cls=OnceCommand)
 @user_errors
 def list_(
     what: Annotated[str, typer.Argument(help="algorithms, scenarios, presets or models")],
@@ -341,17 +365,45 @@ def _resumable(db: Path, run: dict) -> bool:
     return checkpoint_path(db, run["run_id"]).exists()
 
 
-@app.command()
+RUNS_FIXED = ("run_id", "status", "algorithm", "scenario", "seed", "rounds")
+MAX_VARYING = 6  # more varying keys than this go to the caption (narrow with --where)
+
+
+@app.command(cls=OnceCommand)
 @user_errors
 def runs(
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    where: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="keep runs whose config key (or status) has this value: key=value (repeatable)"
+        ),
+    ] = None,
+    prune: Annotated[
+        bool,
+        typer.Option(
+            help="delete the checkpoints of the listed runs that are done (never of interrupted,"
+            " failed or running ones)"
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option(help="with --prune: name the checkpoints, delete nothing")
+    ] = False,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
 ) -> None:
-    """List the runs recorded in the run store."""
+    """List the runs recorded in the run store, with the config keys that tell them apart."""
+    from .results.select import matches, parse_where, varying_keys
     from .results.store import RunStore
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; run `fedshift run` first or pass --db")
+    if dry_run and not prune:
+        raise FedshiftError("--dry-run goes with --prune (it shows what --prune would delete)")
+    stored = RunStore(db).runs()
+    conditions = parse_where(where or [], stored)
+    selected = [r for r in stored if matches(r, conditions)]
+    if prune:
+        return _prune(db, selected, dry_run, json_)
     rows = [
         {
             "run_id": r["run_id"],
@@ -366,16 +418,26 @@ def runs(
             "metrics": {
                 k: (r["metrics"] or {}).get(k) for k in ("worst", "average", "worst_client")
             },
+            "config": r["config"],
         }
-        for r in RunStore(db).runs()
+        for r in selected
     ]
     if json_:
         print_json(rows)
         return
-    table = Table(title=f"runs in {db}")
-    for c in ("run_id", "status", "algorithm", "scenario", "seed", "rounds", "worst", "average"):
+    varying = varying_keys(selected, skip=RUNS_FIXED)
+    shown = varying[:MAX_VARYING]
+    title = f"runs in {db}" + (f" where {', '.join(where or [])}" if where else "")
+    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    table.add_column("run_id", no_wrap=True, min_width=RUN_ID_WIDTH)  # never cut: it is copied
+    for c in RUNS_FIXED[1:]:
+        table.add_column(c)
+    for k in shown:
+        table.add_column(k)
+    for c in ("worst", "average"):
         table.add_column(c)
     for r in rows:
+        config = r["config"] or {}
         table.add_row(
             r["run_id"],
             r["status"],
@@ -383,13 +445,67 @@ def runs(
             r["scenario"],
             str(r["seed"]),
             f"{r['rounds_done']}/{r['rounds']}",
+            *[str(config[k]) if k in config else "—" for k in shown],
             fmt(r["metrics"]["worst"]),
             fmt(r["metrics"]["average"]),
         )
+    if len(varying) > len(shown):
+        table.caption = f"also varying: {', '.join(varying[len(shown) :])} (narrow with --where)"
+    if not rows:
+        table.caption = "no run matches" if where else "the store holds no runs"
     out.print(table)
 
 
-@app.command()
+def _prune(db: Path, runs: list[dict], dry_run: bool, json_: bool) -> None:
+    from .results.prune import prune
+
+    pruned = prune(db, runs, dry_run)
+    total = sum(size for _, _, size in pruned)
+    verb = "would delete" if dry_run else "deleted"
+    for run_id, path, size in pruned:
+        err.print(f"{verb} {path} ({size / 1e6:.1f} MB, run {run_id})", highlight=False)
+    (err if json_ else out).print(
+        f"{verb} {len(pruned)} checkpoint(s) of finished runs, {total / 1e6:.1f} MB",
+        highlight=False,
+    )
+    if json_:
+        files = [{"run_id": r, "path": str(p), "bytes": n} for r, p, n in pruned]
+        print_json({"dry_run": dry_run, "checkpoints": files, "bytes": total})
+
+
+@app.command(cls=OnceCommand)
+@user_errors
+def show(
+    run_id: Annotated[str, typer.Argument(help="a run id or a unique prefix of one")],
+    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    all_rounds: Annotated[
+        bool, typer.Option(help="every stored round, not only the evaluated ones")
+    ] = False,
+    json_: Annotated[
+        bool, typer.Option("--json", help="print everything stored about the run as one JSON line")
+    ] = False,
+) -> None:
+    """One run in full: status, every config key, final accuracies and the training curve."""
+    from .results.show import config_table, curve_table, header
+    from .results.store import RunStore
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
+    record = RunStore(db).run(run_id)
+    record["resumable"] = _resumable(db, record)
+    if json_:
+        print_json(record)
+        return
+    out.print(header(record), highlight=False, soft_wrap=True)
+    out.print(config_table(record))
+    if record["metrics"]:
+        out.print(summary_table("final accuracy %", [(record["algorithm"], record["metrics"])]))
+    else:
+        out.print(f"no final metrics ({record['status']}); resumable: {record['resumable']}")
+    out.print(curve_table(record, all_rounds))
+
+
+@app.command(cls=OnceCommand)
 @user_errors
 def describe(
     what: Annotated[str, typer.Argument(help="scenario")],
@@ -435,10 +551,10 @@ def describe(
     out.print(table)
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def report(
-    run_ids: Annotated[list[str], typer.Argument(help="one or more run ids")],
+    run_ids: Annotated[list[str], typer.Argument(help="one or more run ids (or unique prefixes)")],
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
     format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
@@ -456,10 +572,10 @@ def report(
     out.print(f"report written to {escape(str(path))}")
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def compare(
-    run_ids: Annotated[list[str], typer.Argument(help="two or more run ids")],
+    run_ids: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes)")],
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-compare"
@@ -467,22 +583,40 @@ def compare(
     force: Annotated[
         bool, typer.Option(help="overwrite a plot in --out that fedshift did not write")
     ] = False,
+    json_: Annotated[
+        bool, typer.Option("--json", help="last stdout line: the compared runs as JSON")
+    ] = False,
+    csv: Annotated[
+        Path | None, typer.Option(help="also write the table as CSV: one row per run")
+    ] = None,
 ) -> None:
     """Several runs in one table (per test environment, worst, average) and one plot."""
+    from .results.frames import comparison_frame
     from .results.report import claim_folder, load_runs, mark_written, plot_per_env, run_label
     from .results.store import RunStore
 
     if not db.exists():
         raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
+    if csv is not None and csv.is_dir():
+        raise FedshiftError(f"--csv {str(csv)!r} is a folder; give a file path")
     runs = load_runs(RunStore(db), run_ids)
     claim_folder(out_dir, ["accuracy_per_env.png"], force)
-    out.print(summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs]))
+    table = summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs])
+    (err if json_ else out).print(table)
     plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
-    out.print(f"plot written to {escape(str(plot))}")
+    (err if json_ else out).print(f"plot written to {escape(str(plot))}")
     mark_written(out_dir, ["accuracy_per_env.png"])
+    if csv is not None:
+        csv.parent.mkdir(parents=True, exist_ok=True)
+        comparison_frame(runs).to_csv(csv, index=False)
+        err.print(f"table written to {escape(str(csv))}")
+    if json_:
+        keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics")
+        rows = [{"label": run_label(r), **{k: r[k] for k in keys}} for r in runs]
+        print_json({"runs": rows, "plot": str(plot), "csv": None if csv is None else str(csv)})
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
@@ -509,7 +643,7 @@ def demo(
     out.print(f"plot written to {escape(str(plot))}")
 
 
-@app.command()
+@app.command(cls=OnceCommand)
 @user_errors
 def reproduce(
     table: Annotated[str, typer.Argument(help="table id (fedshift list presets) or TOML file")],
@@ -552,11 +686,11 @@ def reproduce(
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
-    from .config import parse_set
+    from .config import add_options, parse_set
     from .reproduce import reproduce as reproduce_table
 
-    extra = parse_set(set_ or [])
-    extra.update({k: v for k, v in (("device", device), ("data_dir", data_dir)) if v is not None})
+    extra = add_options(parse_set(set_ or []), {"device": device, "data_dir": data_dir})
+    add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
 
     def progress(total, label):
         bar, on_round = progress_bar(total, label)
@@ -600,7 +734,7 @@ def reproduce(
         print_json(result)
 
 
-@data_app.command("build-waterbirds")
+@data_app.command("build-waterbirds", cls=OnceCommand)
 @user_errors
 def build_waterbirds(
     cub: Annotated[

@@ -10,13 +10,17 @@ alpha = 0.1`` is the same as ``scenario = "dirichlet"`` plus ``scenario.alpha = 
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from .errors import FedshiftError, did_you_mean
 from .options import _convert, require
@@ -66,6 +70,12 @@ class RunConfig:
         require(
             0 <= self.local_steps <= 10**7,
             f"local_steps must lie in 0..10^7 (0 = use local_epochs), got {self.local_steps}",
+        )
+        require(
+            not (self.local_steps and self.local_epochs != 1),
+            f"local_steps={self.local_steps} and local_epochs={self.local_epochs} are both set; "
+            "local_steps > 0 replaces epochs by that many steps, so give one of them "
+            "(local_epochs stays at its default 1 with local_steps)",
         )
         require(self.momentum >= 0, f"momentum must be >= 0, got {self.momentum}")
         require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
@@ -127,13 +137,69 @@ def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
     return cfg
 
 
+def parsed(value: Any) -> Any:
+    """A value given as text on the command line read as the number, boolean or list it
+    spells (``"0.01"`` → 0.01, ``"true"`` → True, ``"[8,16]"`` → [8, 16]); other text and
+    non-text values as they are. The store keeps ``--set`` values as text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value.strip())
+    except ValueError:
+        low = value.strip().lower()
+        return {"true": True, "false": False, "none": None}.get(low, value.strip())
+
+
+def canonical(value: Any) -> Any:
+    """What a config value means, however it was written: ``"0.01"`` (from ``--set``),
+    ``1e-2`` and ``0.01`` (from TOML) are the same float, as are 1 and 1.0; ``"true"`` is
+    True; lists element-wise."""
+    value = parsed(value)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [canonical(v) for v in value]
+    if isinstance(value, dict):
+        return {k: canonical(v) for k, v in value.items()}
+    return value
+
+
 def parse_set(items: list[str]) -> dict[str, str]:
-    out = {}
+    """``key=value`` items; the same key (or its alias) twice with different values is an
+    error rather than a silent win of the last."""
+    out: dict[str, str] = {}
     for item in items:
         key, eq, value = item.partition("=")
-        if not eq or not key.strip():
+        key, value = key.strip(), value.strip()
+        if not eq or not key:
             raise FedshiftError(f"--set {item!r} is not of the form key=value")
-        out[key.strip()] = value.strip()
+        same = [k for k in out if ALIASES.get(k, k) == ALIASES.get(key, key)]
+        if same and canonical(out[same[0]]) != canonical(value):
+            raise FedshiftError(
+                f"--set gives {key!r} twice with different values ({same[0]}={out[same[0]]}, "
+                f"{key}={value}); give it once"
+            )
+        out[key] = value
+    return out
+
+
+def add_options(overrides: dict[str, Any], options: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` (from ``--set``) plus a command's own options (``--rounds 3`` …, None =
+    not given); ``--set rounds=5 --rounds 3`` is an error naming both, the same value twice
+    is not."""
+    out = dict(overrides)
+    for key, value in options.items():
+        if value is None:
+            continue
+        if key in out and canonical(out[key]) != canonical(value):
+            flag = "--" + key.replace("_", "-")
+            raise FedshiftError(
+                f"{key} is given twice with different values (--set {key}={out[key]} and "
+                f"{flag} {value}); give it once"
+            )
+        out[key] = value
     return out
 
 
@@ -176,7 +242,8 @@ def load_source(source: str) -> dict[str, Any]:
         text = preset_text(source)
     else:
         raise FedshiftError(
-            f"{source!r} is neither a TOML file nor a preset; presets: {', '.join(preset_names())}"
+            f"{source!r} is neither a TOML file nor a preset{did_you_mean(source, preset_names())}"
+            f"; presets: {', '.join(preset_names())}"
         )
     try:
         return _flatten(tomllib.loads(text))

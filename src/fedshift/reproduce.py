@@ -59,10 +59,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from .config import RunConfig, _flatten, apply
-from .errors import FedshiftError
+from .config import RunConfig, _flatten, apply, tomllib  # tomli on Python 3.10
+from .errors import FedshiftError, did_you_mean
 from .eval.metrics import mean_std
 
 CONFIG_PACKAGE = "fedshift.configs"
@@ -124,7 +122,8 @@ def load_table(source: str) -> Table:
         text, default_id = table_text(source), source
     else:
         raise FedshiftError(
-            f"unknown table {source!r}; choose one of: {', '.join(table_names())} "
+            f"unknown table {source!r}{did_you_mean(source, table_names())}; choose one of: "
+            f"{', '.join(table_names())} "
             "(or give a .toml file)"
         )
     try:

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from ..cli_once import OnceCommand
 from ..errors import FedshiftError
 
 app = typer.Typer(
@@ -27,7 +28,7 @@ def _cli():
     return cli
 
 
-@app.command("run")
+@app.command("run", cls=OnceCommand)
 def run(
     source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
     set_: Annotated[
@@ -92,7 +93,7 @@ def _run(
     round_timeout,
 ) -> None:  # fmt: skip
     from ..api import seeds_summary
-    from ..config import parse_seeds, parse_set, resolve
+    from ..config import add_options, parse_seeds, parse_set, resolve
     from . import require_flower
 
     if simulation == deployment:
@@ -102,17 +103,19 @@ def _run(
             "--superlink/--address/--root-certificates/--insecure need --deployment"
         )
     require_flower()
-    overrides = parse_set(set_ or [])
-    for key, value in (
-        ("rounds", rounds),
-        ("seed", seed),
-        ("cohort_size", cohort_size),
-        ("device", device),
-        ("data_dir", data_dir),
-    ):
-        if value is not None:
-            overrides[key] = value
+    overrides = add_options(
+        parse_set(set_ or []),
+        {
+            "rounds": rounds,
+            "seed": seed,
+            "cohort_size": cohort_size,
+            "device": device,
+            "data_dir": data_dir,
+        },
+    )
     seed_list = parse_seeds(seeds) if seeds is not None else [None]
+    if seeds is not None and "seed" in overrides:
+        raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
     configs = [
         resolve(source, overrides if s is None else {**overrides, "seed": s}) for s in seed_list
     ]

@@ -235,7 +235,7 @@ def write_report(
     head, rows, env_head, env_rows = tables(runs)
     faults = event_rows(runs)
     fault_head = ["run", "client fault", "uploads affected"]
-    title = f"fedshift report: {', '.join(run_ids)}"
+    title = f"fedshift report: {', '.join(r['run_id'] for r in runs)}"
     if fmt == "md":
         parts = [
             f"# {title}",

@@ -73,15 +73,19 @@ MIGRATIONS = [
 
 
 RUN_ID = re.compile(r"[0-9a-f]{10}")  # what start() generates: secrets.token_hex(5)
+RUN_ID_PREFIX = re.compile(r"[0-9a-f]{1,10}")
 
 
-def check_run_id(run_id: object) -> str:
+def check_run_id(run_id: object, prefix: bool = False) -> str:
     """A run id names its checkpoint file, so only the store's own format is accepted:
-    an id such as ``../../elsewhere/evil`` must never reach a path."""
-    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+    an id such as ``../../elsewhere/evil`` must never reach a path. With ``prefix``, the
+    first 1 to 10 of those digits pass too (for :meth:`RunStore.resolve` to complete)."""
+    pattern = RUN_ID_PREFIX if prefix else RUN_ID
+    if not isinstance(run_id, str) or not pattern.fullmatch(run_id):
         raise FedshiftError(
-            f"{run_id!r} is not a fedshift run id (10 lowercase hex digits, as "
-            "`fedshift runs` lists them)"
+            f"{run_id!r} is not a fedshift run id (10 lowercase hex digits, "
+            + ("or a unique prefix of them, " if prefix else "")
+            + "as `fedshift runs` lists them)"
         )
     return run_id
 
@@ -306,10 +310,39 @@ class RunStore:
             rows = conn.execute("SELECT * FROM runs ORDER BY created, rowid").fetchall()
         return [self._row(r) for r in rows]
 
+    def resolve(self, ref: str) -> str:
+        """The full id of the one run whose id is ``ref`` or starts with it, so that any
+        unique prefix of an id names the run, as with git commits."""
+        if not isinstance(ref, str) or not ref.strip():
+            raise FedshiftError(f"{ref!r} is not a run id; give an id or a prefix of one")
+        ref = ref.strip()
+        with closing(self._connect()) as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id=?", (ref,)).fetchone():
+                return ref  # an exact id wins even where it is a prefix of another
+            found = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT run_id FROM runs WHERE substr(run_id, 1, ?)=? ORDER BY created, rowid",
+                    (len(ref), ref),
+                )
+            ]
+        if not found:
+            raise FedshiftError(f"no run {ref!r} in {str(self.path)!r} (see `fedshift runs`)")
+        if len(found) > 1:
+            more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+            shown = ", ".join(found[:10]) + more
+            raise FedshiftError(
+                f"run id prefix {ref!r} is ambiguous: {len(found)} runs match ({shown}); "
+                "give more characters"
+            )
+        return found[0]
+
     def run(self, run_id: str) -> dict[str, Any]:
+        """Everything stored about one run; ``run_id`` may be a unique prefix of its id."""
+        run_id = self.resolve(run_id)
         with closing(self._connect()) as conn:
             row = conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
-            if row is None:
+            if row is None:  # deleted since it was resolved
                 raise FedshiftError(f"no run {run_id!r} in {str(self.path)!r}")
             out = self._row(row)
             out["round_metrics"] = [

@@ -1,0 +1,119 @@
+"""`fedshift runs`: the config keys that vary among the listed runs become columns, and
+``--where key=value`` keeps the runs asked for; ``--json`` rows carry each run's config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from toy import toy_data
+from typer.testing import CliRunner
+
+import fedshift as fs
+from fedshift.cli import app
+from fedshift.config import canonical
+from fedshift.results.select import varying_keys
+
+runner = CliRunner()
+SETTINGS = dict(batch_size=8, rounds=1, model_options={"hidden": [8]})
+
+
+def invoke(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "250"})
+
+
+@pytest.fixture(scope="module")
+def sweep_db(tmp_path_factory):
+    """A 2 × 2 sweep over algorithm.mu and lr, plus one local run."""
+    db = tmp_path_factory.mktemp("runs") / "r.db"
+    ids = {}
+    for mu in (0.01, 0.1):
+        for lr in (0.05, 0.2):
+            out = fs.run(
+                algorithm="fedprox",
+                data=toy_data(),
+                db=db,
+                lr=lr,
+                algorithm_options={"mu": mu},
+                **SETTINGS,
+            )
+            ids[mu, lr] = out.run_id
+    ids["local"] = fs.run(algorithm="local", data=toy_data(), db=db, lr=0.2, **SETTINGS).run_id
+    return db, ids
+
+
+def listed(db, *args):
+    res = invoke("runs", "--db", str(db), *args, "--json")
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_the_keys_that_vary_are_columns_with_each_runs_value(sweep_db):
+    db, ids = sweep_db
+    res = invoke("runs", "--db", str(db), "--where", "algorithm=fedprox")
+    assert res.exit_code == 0, res.output
+    header = next(line for line in res.output.splitlines() if "run_id" in line)
+    assert "algorithm.mu" in header and "lr" in header
+    assert "batch_size" not in header and "momentum" not in header  # the same in every run
+    cells = {line.split()[0]: line.split() for line in res.output.splitlines() if line.strip()}
+    for key, run_id in ids.items():
+        if key == "local":
+            assert run_id not in res.output
+            continue
+        mu, lr = key
+        assert str(mu) in cells[run_id] and str(lr) in cells[run_id]
+
+
+def test_where_filters_on_config_keys_algorithm_and_status(sweep_db):
+    db, ids = sweep_db
+    assert len(listed(db)) == 5
+    mu = listed(db, "--where", "algorithm.mu=0.1")
+    assert {r["run_id"] for r in mu} == {ids[0.1, 0.05], ids[0.1, 0.2]}
+    both = listed(db, "--where", "algorithm.mu=1e-1", "--where", "lr=0.2")
+    assert [r["run_id"] for r in both] == [ids[0.1, 0.2]]
+    assert {r["run_id"] for r in listed(db, "--where", "algorithm=local")} == {ids["local"]}
+    assert len(listed(db, "--where", "status=done", "--where", "scenario=toy")) == 5
+    assert listed(db, "--where", "status=failed") == []
+    res = invoke("runs", "--db", str(db), "--where", "lr=0.3")
+    assert res.exit_code == 0 and "no run matches" in res.output
+
+
+def test_json_rows_carry_the_config(sweep_db):
+    db, ids = sweep_db
+    (row,) = listed(db, "--where", "algorithm=local")
+    assert row["config"]["algorithm"] == "local" and row["config"]["lr"] == 0.2
+    assert row["config"]["model.hidden"] == [8]
+    for k in ("run_id", "status", "algorithm", "scenario", "seed", "rounds", "rounds_done"):
+        assert k in row  # the earlier keys stay (a contract)
+
+
+def test_a_value_given_on_the_command_line_matches_a_number(sweep_db, tmp_path):
+    """The store keeps ``--set lr=0.2`` as the string "0.2": it is still lr = 0.2."""
+    db = tmp_path / "r.db"
+    res = invoke(
+        "run", "--set", "scenario=digits-shortcut", "--set", "lr=0.2", "--rounds", "1",
+        "--db", str(db), "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert len(listed(db, "--where", "lr=0.20")) == 1 and listed(db, "--where", "lr=2") == []
+    assert canonical("0.2") == canonical(0.2) == canonical("2e-1")
+    assert canonical("[8, 16]") == canonical([8, 16.0]) and canonical("true") is True
+
+
+def test_absent_keys_count_as_a_value_and_fixed_columns_are_skipped():
+    runs = [
+        {"config": {"algorithm": "fedavg", "lr": 0.1, "seed": 0}},
+        {"config": {"algorithm": "fedprox", "lr": "0.1", "seed": 1, "algorithm.mu": 0.1}},
+    ]
+    assert varying_keys(runs) == ["algorithm", "seed", "algorithm.mu"]
+    assert varying_keys(runs, skip=("algorithm", "seed")) == ["algorithm.mu"]
+
+
+@pytest.mark.parametrize(
+    ("where", "named"), [("lrr=0.1", "did you mean 'lr'"), ("lr", "key=value")]
+)
+def test_a_bad_where_is_one_line(sweep_db, where, named):
+    db, _ = sweep_db
+    res = invoke("runs", "--db", str(db), "--where", where)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1 and named in res.output
