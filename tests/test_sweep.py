@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from fedshift.cli import app
 from fedshift.errors import FedshiftError
 from fedshift.results.store import RunStore
-from fedshift.sweep import grid_points, parse_grid, split_values
+from fedshift.sweep import grid_points, parse_grid, select_point, split_values
 
 runner = CliRunner()
 
@@ -58,11 +58,22 @@ def test_sweep_selects_by_validation_and_stores_every_run(tmp_path):
         assert p["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
         assert p["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
         assert 0.0 <= p["val"] <= 100.0
-    vals = [p["val"] for p in s["points"]]
+    vals = [-1.0 if p["metrics"].get("degenerate") else p["val"] for p in s["points"]]
     assert s["selected"] == vals.index(max(vals))
     chosen = s["points"][s["selected"]]
     assert s["selected_params"] == chosen["params"] and s["metrics"] == chosen["metrics"]
     assert s["val"] == max(vals)
+
+
+def test_a_degenerate_point_is_never_selected_over_a_working_one():
+    def point(val, degenerate):
+        return {"val": val, "metrics": {"worst": 50.0, "degenerate": degenerate}}
+
+    # a constant predictor at chance (49.4) against a shortcut model (36.6) on CMNIST
+    assert select_point([point(36.6, False), point(49.4, True), point(49.5, True)]) == (0, True)
+    assert select_point([point(30.0, False), point(36.6, False)]) == (1, True)
+    assert select_point([point(36.6, False), point(36.6, False)]) == (0, True)  # earliest
+    assert select_point([point(40.0, True), point(49.4, True)]) == (1, False)
 
 
 def test_sweep_rejects_bad_input_before_running(tmp_path):

@@ -284,12 +284,19 @@ def sweep(
         m, s = p["metrics"], p["metrics_std"]
         table.add_row(
             "*" if i == result["selected"] else "",
-            escape(", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—"),
+            escape(", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—")
+            + (" †" if m.get("degenerate") else ""),
             f"{fmt(p['val'])} ± {fmt(p['val_std'])}",
             f"{fmt(m['worst'])} ± {fmt(s['worst'])}",
             f"{fmt(m['average'])} ± {fmt(s['average'])}",
         )
     console.print(table)
+    if any(p["metrics"].get("degenerate") for p in result["points"]):
+        every = "; every point is degenerate, so the best one is shown"
+        console.print(
+            "† degenerate (a constant predictor, or loss at chance level): never selected"
+            + (every if result["all_degenerate"] else "")
+        )
     chosen = ", ".join(f"{k}={v}" for k, v in result["selected_params"].items()) or "—"
     console.print(
         summary_table(

@@ -5,8 +5,12 @@ store, the grid point chosen by **validation** accuracy (thesis §4.5.2: never b
 runs 3 × 2 configurations. For each grid point the sweep reports the mean ± std over seeds
 of the validation accuracy (the scenario's validation environments, averaged over clients
 and environments at the last round) and of every test metric; the selected point is the
-one with the highest mean validation accuracy (ties: the earliest point in grid order),
-and its test metrics are the sweep's result.
+one with the highest mean validation accuracy (ties: the earliest point in grid order)
+among the points whose models are not degenerate (a constant predictor can score chance on
+validation environments that a shortcut model fails: on CMNIST, 49 % against a colour
+model's 20 %), and its test metrics are the sweep's result. Degeneracy is read from the
+models' predictions, not from test labels. When every point is degenerate the best one
+by validation is still reported, with ``all_degenerate`` set.
 """
 
 from __future__ import annotations
@@ -21,6 +25,14 @@ from .config import RunConfig, resolve
 from .errors import FedshiftError
 from .eval.metrics import mean_std, over_seeds
 from .options import build_options
+
+
+def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Index of the point with the best mean validation accuracy among the non-degenerate
+    ones (ties: the earliest), and whether there was any non-degenerate point."""
+    usable = [i for i, p in enumerate(points) if not p["metrics"].get("degenerate")]
+    best = max(usable or range(len(points)), key=lambda i: (points[i]["val"], -i))
+    return best, bool(usable)
 
 
 def split_values(text: str) -> list[str]:
@@ -150,7 +162,7 @@ def run_sweep(
             point.summaries.append(summary)
         done.append(point.result())
 
-    best = max(range(len(done)), key=lambda i: (done[i]["val"], -i))
+    best, usable = select_point(done)
     first = configs[0][0]
     return {
         "algorithm": first.algorithm,
@@ -158,7 +170,8 @@ def run_sweep(
         "rounds": first.rounds,
         "seeds": list(seeds),
         "grid": {k: list(v) for k, v in grid.items()},
-        "selection": "validation accuracy (mean over seeds)",
+        "selection": "validation accuracy (mean over seeds), degenerate points excluded",
+        "all_degenerate": not usable,
         "points": done,
         "selected": best,
         "selected_params": done[best]["params"],
