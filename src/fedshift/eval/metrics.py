@@ -10,7 +10,7 @@ thesis's Table 3.1 builds on.
 
 A model can score a respectable worst case by answering one class everywhere (flat at the
 majority-class rate). :func:`degeneracy` flags it, so reports never count it as a result:
-a client's predictor is *constant* when at least ``CONSTANT_SHARE`` of its test predictions
+a client's predictor is *constant* when at least ``CONSTANT_SHARE`` (90 %) of its test predictions
 are one class and that share exceeds the share of the client's most common label by
 ``CONSTANT_MARGIN`` (a client whose labels are 97 % one class may rightly predict it 97 %
 of the time); a run is *degenerate* when most clients' predictors are constant, or when
@@ -27,7 +27,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-CONSTANT_SHARE = 0.95  # a predictor answering one class for ≥ 95 % of its test rows …
+# a predictor answering one class for ≥ 90 % of its test rows … (0.95 until 2026-11-25:
+# FedPIN personal models at 91–97 % one class on balanced CMNIST clients, 91 % of inputs
+# mapped to all-zero features, passed it with a worst case of 47 % — docs/methods/invariant.md)
+CONSTANT_SHARE = 0.90
 CONSTANT_MARGIN = 0.05  # … 5 points more often than that client's most common label
 CHANCE_TOLERANCE = 0.01  # training loss within 1 % of ln K counts as "at chance"
 
