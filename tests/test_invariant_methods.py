@@ -7,6 +7,8 @@ import torch
 from toy import toy_data
 
 import fedshift as fs
+from fedshift.algorithms.common.losses import cross_entropy
+from fedshift.algorithms.fedpin import fit_linear
 from fedshift.algorithms.perinvfl import PerInvFL, PerInvFLHyper, adam_step
 from fedshift.algorithms.pfedme import PFedMe, PFedMeHyper
 from fedshift.api import make_config
@@ -390,3 +392,22 @@ def test_fedsdr_worst_case_above_fedavg_on_small_cmnist():
     assert m["average"] >= 54.0  # reads the digit, not a constant
     per_env = list(m["per_env"].values())
     assert max(per_env) - min(per_env) <= 10.0  # flat over p_te: not reading the colour
+
+
+def test_fit_linear_takes_the_gradient_steps_of_the_weighted_cross_entropy():
+    """ω_a's fitting steps (aux_steps) are plain gradient descent on its own risk: one step
+    equals autograd's, and many steps lower the risk below the starting point."""
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(12, 5, generator=g), torch.randint(0, 3, (12,), generator=g)
+    w = torch.tensor([1.0] * 10 + [0.0] * 2)  # two empty slots
+    weight, bias = torch.randn(3, 5, generator=g), torch.randn(3, generator=g)
+    assert fit_linear(z, y, w, weight, bias, 0, 0.5)[0] is weight  # 0 steps: unchanged
+    wt, bt = weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    cross_entropy(torch.nn.functional.linear(z, wt, bt), y, w).backward()
+    w1, b1 = fit_linear(z, y, w, weight, bias, 1, 0.5)
+    torch.testing.assert_close(w1, weight - 0.5 * wt.grad)
+    torch.testing.assert_close(b1, bias - 0.5 * bt.grad)
+    wn, bn = fit_linear(z, y, w, weight, bias, 50, 0.5)
+    before = cross_entropy(torch.nn.functional.linear(z, weight, bias), y, w)
+    after = cross_entropy(torch.nn.functional.linear(z, wn, bn), y, w)
+    assert after < 0.5 * before

@@ -40,7 +40,13 @@ from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, regis
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy, squared_distance
 from .common.proximal import report_as
-from .common.representation import contrastive_loss, feature_variance, features, head
+from .common.representation import (
+    contrastive_loss,
+    feature_variance,
+    features,
+    head,
+    one_hot,
+)
 
 SHARED_AUX = ("aux.weight", "aux.bias")
 CLIENT_AUX = ("aux.client_weight", "aux.client_bias")  # row u belongs to client u
@@ -61,6 +67,12 @@ class FedPINHyper:
     )
     variant: str = opt("pm", "ablation of thesis Table 5.2 to run and evaluate", VARIANTS)
     l2_weight: float = opt(1.0, "μ of the gm-l2 ablation: (μ/2)‖θ_u − θ_g‖²")
+    aux_steps: int = opt(
+        0,
+        "gradient steps fitting ω_a to the minibatch before Φ_g's reversed step (Prop. 5.4.1's "
+        "argmin); 0 = one simultaneous step (the default until measured otherwise)",
+    )
+    aux_lr: float = opt(1.0, "step size of those ω_a fitting steps")
 
     def __post_init__(self) -> None:
         for name in ("alpha", "lambda_", "gamma", "l2_weight"):
@@ -69,6 +81,21 @@ class FedPINHyper:
         require(self.personal_steps >= 1, "algorithm.personal_steps must be >= 1")
         require(self.personal_epochs >= 0, "algorithm.personal_epochs must be >= 0 (0 = use steps)")
         require(self.variant in VARIANTS, f"algorithm.variant must be one of {VARIANTS}")
+        require(self.aux_steps >= 0, "algorithm.aux_steps must be >= 0")
+        require(self.aux_lr > 0, f"algorithm.aux_lr must be > 0, got {self.aux_lr}")
+
+
+def fit_linear(z, y, w, weight, bias, steps: int, lr: float):
+    """``steps`` of gradient descent on the w-weighted softmax cross-entropy of a linear
+    layer over fixed features z, from (weight, bias): ω_a moved towards its argmin for the
+    current Φ_g, as Prop. 5.4.1 defines it. Closed-form gradients, so it runs under vmap
+    and carries no graph."""
+    target = one_hot(y, weight.shape[0], z.dtype)
+    scale = w[:, None] / w.sum().clamp(min=1.0)
+    for _ in range(steps):
+        g = (torch.softmax(F.linear(z, weight, bias), -1) - target) * scale
+        weight, bias = weight - lr * g.T @ z, bias - lr * g.sum(0)
+    return weight, bias
 
 
 @register_algorithm("fedpin")
@@ -134,7 +161,10 @@ class FedPIN(Algorithm):
             return cross_entropy(F.linear(feat, weight, bias), y, w)
 
         a = self.hp.alpha
-        for_phi = risk_a(z, wa.detach(), ba.detach())  # Φ_g sees −α∇R_a (Prop. 5.4.1)
+        wf, bf = fit_linear(
+            z.detach(), y, w, wa.detach(), ba.detach(), self.hp.aux_steps, self.hp.aux_lr
+        )
+        for_phi = risk_a(z, wf, bf)  # Φ_g sees −α∇R_a at ω_a ≈ argmin (Prop. 5.4.1)
         for_aux = risk_a(z.detach(), wa, ba)  # ω_a = argmin R_a
         total = (1 + a) * risk_g - a * for_phi + for_aux
         return report_as(total, (1 + a) * risk_g - a * for_phi)
