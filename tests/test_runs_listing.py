@@ -117,3 +117,23 @@ def test_a_bad_where_is_one_line(sweep_db, where, named):
     res = invoke("runs", "--db", str(db), "--where", where)
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1 and named in res.output
+
+
+def test_markup_in_stored_text_is_printed_as_written(sweep_db, tmp_path):
+    """Config values, keys and the store's path are user text: "[/red]" in any of them is
+    shown as written, never parsed as rich markup (which would raise a MarkupError)."""
+    import shutil
+    import sqlite3
+
+    db = tmp_path / "[red]store" / "r.db"
+    db.parent.mkdir()
+    shutil.copy(sweep_db[0], db)
+    run_id = sweep_db[1]["local"]
+    with sqlite3.connect(db) as conn:
+        (text,) = conn.execute("SELECT config FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        config = {**json.loads(text), "lr": "[/red][bold]", "[/b]key": "[x]"}
+        conn.execute("UPDATE runs SET config=? WHERE run_id=?", (json.dumps(config), run_id))
+    res = invoke("runs", "--db", str(db))
+    assert res.exit_code == 0, res.output
+    assert "[/red][bold]" in res.output and "[/b]key" in res.output
+    assert "[red]store" in next(line for line in res.output.splitlines() if "runs in" in line)

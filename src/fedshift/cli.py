@@ -434,13 +434,15 @@ def runs(
         return
     varying = varying_keys(selected, skip=RUNS_FIXED)
     shown = varying[:MAX_VARYING]
-    title = f"runs in {db}" + (f" where {', '.join(where or [])}" if where else "")
+    # every cell, header and the title carry user text (paths, keys, values): escaped,
+    # so "[/red]" in a --set value prints as written instead of raising a markup error
+    title = escape(f"runs in {db}" + (f" where {', '.join(where or [])}" if where else ""))
     table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
     table.add_column("run_id", no_wrap=True, min_width=RUN_ID_WIDTH)  # never cut: it is copied
     for c in RUNS_FIXED[1:]:
         table.add_column(c)
     for k in shown:
-        table.add_column(k)
+        table.add_column(escape(k))
     for c in ("worst", "average"):
         table.add_column(c)
     for r in rows:
@@ -448,16 +450,17 @@ def runs(
         table.add_row(
             r["run_id"],
             r["status"],
-            r["algorithm"],
-            r["scenario"],
+            escape(str(r["algorithm"])),
+            escape(str(r["scenario"])),
             str(r["seed"]),
             f"{r['rounds_done']}/{r['rounds']}",
-            *[str(config[k]) if k in config else "—" for k in shown],
+            *[escape(str(config[k])) if k in config else "—" for k in shown],
             fmt(r["metrics"]["worst"]),
             fmt(r["metrics"]["average"]),
         )
     if len(varying) > len(shown):
-        table.caption = f"also varying: {', '.join(varying[len(shown) :])} (narrow with --where)"
+        also = escape(", ".join(varying[len(shown) :]))
+        table.caption = f"also varying: {also} (narrow with --where)"
     if not rows:
         table.caption = "no run matches" if where else "the store holds no runs"
     out.print(table)
