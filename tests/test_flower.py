@@ -209,7 +209,7 @@ def test_deployment_matches_in_process(flower_env, tmp_path):
     from fedshift.cli import app
 
     cfg = small("fedavg", rounds="2", eval_every="2")
-    fed = LocalFederation(3, tmp_path / "fed")
+    fed = LocalFederation(3, tmp_path / "fed", env={"FEDSHIFT_DB_ROOT": str(tmp_path)})
     with fed:
         db = str(tmp_path / "runs.db")
         args = [f"--set={k}={v}" for k, v in SMALL.items() if k not in ("rounds", "eval_every")]
@@ -232,7 +232,9 @@ def test_deployment_matches_in_process(flower_env, tmp_path):
 @pytest.mark.slow
 def test_tls_and_node_authentication_refuse_an_unregistered_node(flower_env, tmp_path):
     cfg = small("local", rounds="1", eval_every="1")
-    fed = LocalFederation(3, tmp_path / "fed", tls=True, auth=True)
+    fed = LocalFederation(
+        3, tmp_path / "fed", tls=True, auth=True, env={"FEDSHIFT_DB_ROOT": str(tmp_path)}
+    )
     with fed:
         (rogue_key, _), *_ = credentials.node_keys(tmp_path / "rogue", 1, start=7)
         fed.start_node(0, key=rogue_key, name="rogue")  # valid TLS, key never registered
@@ -259,7 +261,7 @@ def test_killed_supernode_stops_the_run_with_a_clear_message(flower_env, tmp_pat
     marks it failed with that message and keeps the rounds completed before."""
     cfg = small("fedavg", rounds="6", clients_per_round="3", eval_every="6")
     db = tmp_path / "runs.db"
-    fed = LocalFederation(3, tmp_path / "fed")
+    fed = LocalFederation(3, tmp_path / "fed", env={"FEDSHIFT_DB_ROOT": str(tmp_path)})
     error: list[BaseException] = []
     with fed:
         rounds_seen = threading.Event()
@@ -288,3 +290,27 @@ def test_killed_supernode_stops_the_run_with_a_clear_message(flower_env, tmp_pat
     (rec,) = RunStore(db).runs()
     assert rec["status"] == "failed" and "client 1" in rec["error"]
     assert 1 <= rec["rounds_done"] < 6
+
+
+def test_the_server_app_opens_run_stores_only_inside_the_operators_root(
+    flower_env, tmp_path, monkeypatch
+):
+    """Whoever submits a deployment run names ``fedshift-db``; the SuperLink machine writes
+    only inside FEDSHIFT_DB_ROOT (else its working directory), links and '..' resolved."""
+    from fedshift.flower.apps import confined_db
+
+    root = tmp_path / "stores"
+    (root / "team").mkdir(parents=True)
+    (root / "escape").symlink_to(tmp_path)
+    monkeypatch.setenv("FEDSHIFT_DB_ROOT", str(root))
+    assert confined_db("") is None
+    assert confined_db("team/runs.db") == str((root / "team" / "runs.db").resolve())
+    assert confined_db(str(root / "runs.db")) == str((root / "runs.db").resolve())
+    for hostile in ("../runs.db", "team/../../x.db", "/etc/evil.db", "escape/runs.db"):
+        with pytest.raises(ValueError, match="outside the folder"):
+            confined_db(hostile)
+    monkeypatch.delenv("FEDSHIFT_DB_ROOT")
+    monkeypatch.chdir(root / "team")
+    assert confined_db("runs.db") == str((root / "team" / "runs.db").resolve())
+    with pytest.raises(ValueError, match="FEDSHIFT_DB_ROOT"):
+        confined_db("../runs.db")

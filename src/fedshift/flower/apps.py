@@ -3,7 +3,10 @@ which reads its jobs from the Flower run config that ``fedshift flower run --dep
 writes into the Flower App it submits:
 
 * ``fedshift-jobs``: JSON list of resolved fedshift configs (dotted keys), run in turn;
-* ``fedshift-db``: run store path on the SuperLink's machine ("" = none);
+* ``fedshift-db``: run store path on the SuperLink's machine ("" = none), confined to the
+  folder the SuperLink's operator allows (``FEDSHIFT_DB_ROOT`` in the ServerApp's
+  environment, else its working directory): whoever submits a run must not choose where
+  the SuperLink machine writes;
 * ``fedshift-round-timeout`` / ``fedshift-connect-timeout``: seconds.
 
 It prints one ``fedshift-round`` line per round and one ``fedshift-summary`` line (the
@@ -14,6 +17,8 @@ JSON summary of ``fedshift run --json``) per finished run into the Flower log, w
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -28,6 +33,7 @@ from .server import (
 )
 
 ROUND_PREFIX = "fedshift-round "
+DB_ROOT_ENV = "FEDSHIFT_DB_ROOT"
 ERROR_PREFIX = "fedshift-error "
 
 server_app = ServerApp()
@@ -47,6 +53,21 @@ def round_line(index: int, rec) -> str:
     )
 
 
+def confined_db(path: str) -> str | None:
+    """The submitted store path, resolved (links and ``..`` included) inside the operator's
+    root; anything outside it is refused in one sentence."""
+    if not path:
+        return None
+    root = Path(os.environ.get(DB_ROOT_ENV) or os.getcwd()).resolve()
+    target = (root / path).resolve()  # an absolute path stays itself, then is checked
+    if not target.is_relative_to(root):
+        raise ValueError(
+            f"fedshift-db {path!r} is outside the folder this SuperLink allows for run "
+            f"stores ({root}); its operator sets {DB_ROOT_ENV} on the SuperLink machine"
+        )
+    return str(target)
+
+
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
@@ -55,7 +76,7 @@ def main(grid: Grid, context: Context) -> None:
         serve(
             grid,
             configs,
-            db=str(cfg.get("fedshift-db", "")) or None,
+            db=confined_db(str(cfg.get("fedshift-db", ""))),
             engine="flower-deployment",
             round_timeout=float(cfg.get("fedshift-round-timeout", DEFAULT_ROUND_TIMEOUT)),
             connect_timeout=float(cfg.get("fedshift-connect-timeout", DEFAULT_CONNECT_TIMEOUT)),
