@@ -181,7 +181,9 @@ def run(
     ] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     resume: Annotated[
         str | None,
@@ -260,7 +262,9 @@ def sweep(
     rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
@@ -681,7 +685,9 @@ def reproduce(
     skip_missing: Annotated[
         bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")
     ] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     resume: Annotated[
         bool,

@@ -47,7 +47,7 @@ class RunConfig:
     cohort_size: int = 0  # 0 = all sampled clients in one batched cohort
     eval_every: int = 0  # 0 = about ten evaluations per run
     checkpoint_every: int = 10  # rounds between checkpoints (0 = only at the end / on stop)
-    device: str = "cpu"
+    device: str = "auto"  # cuda if available, else mps, else cpu (resolved when run)
     compile: bool = False
     data_dir: str = ""
     algorithm_options: dict[str, Any] = field(default_factory=dict)
@@ -90,8 +90,8 @@ class RunConfig:
         require(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         require(self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0 = end/stop only)")
         require(
-            self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps",
-            f"device {self.device!r} is not supported; use cpu, cuda, cuda:N or mps",
+            self.device in ("auto", "cpu", "mps") or self.device.startswith("cuda"),
+            f"device {self.device!r} is not supported; use auto, cpu, cuda, cuda:N or mps",
         )
         return self
 
