@@ -13,7 +13,6 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .cli_once import OnceCommand
@@ -139,29 +138,10 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
 
 
 def progress_bar(total: int, label: str):
-    progress = Progress(
-        TextColumn(f"[bold]{escape(label)}[/bold]"),
-        BarColumn(),
-        TextColumn("round {task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("acc {task.fields[acc]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
-    task = progress.add_task(label, total=total, loss="—", acc="—")
+    """The run's progress line on stderr (``fedshift.progress``) and its ``on_round``."""
+    from .progress import progress_bar as bar
 
-    def on_round(rec) -> None:
-        if not progress.live.is_started:  # start only once training runs, after validation
-            progress.start()
-        fields = {"loss": f"{rec.loss:.4f}"}
-        if rec.metrics:
-            fields["acc"] = f"{rec.metrics['average']:.1f}%"
-        progress.update(task, completed=rec.round, **fields)
-
-    return progress, on_round
+    return bar(total, label, err)
 
 
 @app.command(cls=OnceCommand)
@@ -223,7 +203,7 @@ def run(
         label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed})"
         progress, on_round = progress_bar(cfg.rounds, label)
         try:
-            outcomes.append(run_api(cfg, db=db, on_round=on_round))
+            outcomes.append(run_api(cfg, db=db, on_round=on_round, progress=False))
         finally:
             progress.stop()
     if len(outcomes) == 1:
@@ -329,7 +309,9 @@ def _resume(
         total = int(changes["rounds"])
     progress, on_round = progress_bar(total, f"resuming {run_id}")
     try:
-        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir, overrides=changes)
+        outcome = resume(
+            run_id, db, on_round=on_round, data_dir=data_dir, overrides=changes, progress=False
+        )
     finally:
         progress.stop()
     summary = outcome.summary()
