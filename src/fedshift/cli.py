@@ -101,7 +101,7 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
     """Accuracy (%) per test environment, then worst, average and worst client; one column
     per run (environments are rows, so eleven of them still fit a terminal). With ``std``
     (one dict per column, same shape as the metrics) cells read ``mean ± std``."""
-    envs = list(rows[0][1]["per_env"]) if rows else []
+    envs = next((list(m["per_env"]) for _, m in rows if m.get("per_env")), [])
     table = Table(title=title)
     table.add_column("test environment")
     for name, m in rows:
@@ -585,6 +585,7 @@ def compare(
 ) -> None:
     """Several runs in one table (per test environment, worst, average) and one plot."""
     from .results.frames import comparison_frame
+    from .results.partial import partial_sentence
     from .results.report import claim_folder, load_runs, mark_written, plot_per_env, run_label
     from .results.store import RunStore
 
@@ -595,6 +596,9 @@ def compare(
     runs = load_runs(RunStore(db), run_ids)
     claim_folder(out_dir, ["accuracy_per_env.png"], force)
     table = summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs])
+    partial = partial_sentence(runs)
+    if partial:
+        table.caption = f"{table.caption}\n{partial}" if table.caption else partial
     (err if json_ else out).print(table)
     plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
     (err if json_ else out).print(f"plot written to {escape(str(plot))}")
@@ -604,7 +608,7 @@ def compare(
         comparison_frame(runs).to_csv(csv, index=False)
         err.print(f"table written to {escape(str(csv))}")
     if json_:
-        keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics")
+        keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics", "partial")
         rows = [{"label": run_label(r), **{k: r[k] for k in keys}} for r in runs]
         print_json({"runs": rows, "plot": str(plot), "csv": None if csv is None else str(csv)})
 
