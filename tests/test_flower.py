@@ -79,7 +79,9 @@ def flower_env():
 def simulated(flower_env):
     """Every method in ONE Flower simulation (one virtual SuperNode per client)."""
     db = os.path.join(flower_env, "runs.db")
-    outcomes = simulate([small(m) for m in ALL], db=db, actors=1)
+    configs = [small(m) for m in ALL]
+    configs[0].tracking = ["tensorboard"]  # the server streams rounds to a tracker too
+    outcomes = simulate(configs, db=db, actors=1)
     return dict(zip(ALL, outcomes, strict=True)), db
 
 
@@ -116,6 +118,17 @@ def test_simulation_records_runs_in_the_store(simulated):
         assert rec["metrics"]["average"] == pytest.approx(outcome.metrics["average"])
     env = RunStore(db).run(outcomes["fedavg"].run_id)["environment"]
     assert env["engine"] == "flower-simulation"
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    tb = os.path.join(os.path.dirname(db), "tensorboard")
+    (folder,) = os.listdir(tb)
+    assert folder.endswith(outcomes[ALL[0]].run_id)
+    acc = ea.EventAccumulator(os.path.join(tb, folder))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
+    assert acc.Scalars("final/average")[0].value == pytest.approx(
+        outcomes[ALL[0]].metrics["average"]
+    )
 
 
 def test_records_round_trip_exactly():

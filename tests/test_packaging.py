@@ -22,7 +22,12 @@ from fedshift.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-IMPORT_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow", "tomli_w": "tomli-w"}
+IMPORT_NAMES = {
+    "sklearn": "scikit-learn",
+    "PIL": "pillow",
+    "tomli_w": "tomli-w",
+    "mlflow": "mlflow-skinny",
+}
 OPTIONAL = {"psutil"}  # imported under try/except ImportError, with a fallback
 
 

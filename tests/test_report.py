@@ -1,7 +1,13 @@
-"""Reports and comparisons are built from the run store alone and render real images."""
+"""Reports and comparisons are built from the run store alone and render real images; the
+HTML report is one self-contained file with the config and versions."""
 
 from __future__ import annotations
 
+import base64
+import io
+import re
+
+import torch
 from PIL import Image
 from toy import toy_data
 from typer.testing import CliRunner
@@ -34,6 +40,18 @@ def test_report_and_compare_from_the_run_store(tmp_path):
         ):
             with Image.open(out / f"{png}.png") as im:
                 assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10
+    page = (tmp_path / "html" / "report.html").read_text()
+    assert "src='accuracy" not in page  # self-contained: every figure embedded
+    embedded = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
+    assert len(embedded) == 4
+    for data in embedded:
+        with Image.open(io.BytesIO(base64.b64decode(data))) as im:
+            assert im.size[0] > 300
+    assert "<th>config key</th>" in page and "<td>lr</td><td>0.1</td>" in page
+    assert f"<td>torch</td><td>{torch.__version__}</td>" in page
+    assert f"<td>fedshift</td><td>{fs.__version__}</td>" in page
+    md = (tmp_path / "md" / "report.md").read_text()
+    assert "## Config" in md and "| lr | 0.1 | 0.1 |" in md and "## Environment" in md
     res = runner.invoke(app, ["compare", *ids, "--db", str(db), "--out", str(tmp_path / "cmp")])
     assert res.exit_code == 0 and (tmp_path / "cmp" / "accuracy_per_env.png").stat().st_size > 0
     bad = runner.invoke(app, ["report", "nosuchrun", "--db", str(db)])

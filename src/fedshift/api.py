@@ -28,7 +28,7 @@ from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
-from .results.store import RunStore, _now, check_run_id
+from .results.store import DEFAULT_DB, RunStore, _now, check_run_id
 
 
 @dataclass
@@ -237,10 +237,15 @@ def run(
     data: FederatedData | None = None,
     db: str | Path | None = None,
     on_round=None,
+    progress: bool | None = None,
     **settings,
 ) -> RunOutcome:
     """Run one configuration to the end; with ``db`` the run is recorded in the run store
     and checkpointed beside it (``checkpoint_every`` rounds), so it can be resumed.
+
+    ``progress``: a progress bar on stderr; None (the default) shows it only where someone
+    watches (stderr is a terminal, or a notebook), False never. ``tracking=["tensorboard",
+    "mlflow"]`` streams the run to those trackers too (``fedshift.tracking``).
 
     If the run fails or is interrupted, the store keeps its status, error and the rounds
     it completed, and the exception propagates.
@@ -249,19 +254,56 @@ def run(
     if data is not None:
         record_recipe(cfg, data, "scenario" not in settings)
     store = RunStore(db) if db is not None else None
-    holder: dict[str, str] = {}
-    exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
-    if store is not None:
-        env = environment_info(exp.ctx.device)
-        if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
-            env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
-        env["data"] = data_identity(exp.data)
-        holder["run_id"] = store.start(cfg.flat(), env)
-    digest = config_hash(cfg.flat()) if store is not None else ""
-    if store is None:
-        return _execute(exp, None, None, None, digest)
-    with training_lock(store.path, holder["run_id"]):
-        return _execute(exp, store, holder["run_id"], None, digest)
+    holder: dict[str, Any] = {}
+    bar, on_round = _with_bar(progress, cfg.rounds, f"{cfg.algorithm} on {cfg.scenario}", on_round)
+    try:
+        exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
+        if store is not None:
+            env = environment_info(exp.ctx.device)
+            if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
+                env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
+            env["data"] = data_identity(exp.data)
+            holder["run_id"] = store.start(cfg.flat(), env)
+        base = store.path.parent if store is not None else DEFAULT_DB.parent
+        holder["tracking"] = _open_tracking(store, holder.get("run_id"), cfg.flat(), base, [])
+        digest = config_hash(cfg.flat()) if store is not None else ""
+        if store is None:
+            return _execute(exp, None, None, None, digest, holder["tracking"])
+        with training_lock(store.path, holder["run_id"]):
+            return _execute(exp, store, holder["run_id"], None, digest, holder["tracking"])
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _with_bar(progress: bool | None, total: int, label: str, on_round):
+    """A progress bar when ``progress`` wants one (:func:`fedshift.progress.wanted`), and
+    ``on_round`` extended to advance it."""
+    from .progress import progress_bar, wanted
+
+    if not wanted(progress):
+        return None, on_round
+    bar, tick = progress_bar(total, label)
+
+    def both(rec: RoundRecord) -> None:
+        tick(rec)
+        if on_round is not None:
+            on_round(rec)
+
+    return bar, both
+
+
+def _open_tracking(store, run_id, config: dict, base: Path, stored: list[dict]):
+    """The run's trackers (None when ``tracking`` is off); if they cannot be opened, a
+    recorded run is marked failed with the reason before the error propagates."""
+    from .tracking import open_tracking
+
+    try:
+        return open_tracking(config, run_id, base, stored)
+    except BaseException as e:
+        if store is not None and run_id is not None:
+            store.fail(run_id, "failed", "".join(traceback.format_exception_only(e)).strip())
+        raise
 
 
 # keys ``resume(..., overrides=...)`` may change: how training goes on, never which data
@@ -275,6 +317,8 @@ RESUME_KEYS = (
     "eval_every",
     "checkpoint_every",
     "cohort_size",
+    "device",
+    "tracking",
 )
 
 
@@ -330,6 +374,7 @@ def resume(
     on_round=None,
     data_dir: str | None = None,
     overrides: dict[str, Any] | None = None,
+    progress: bool | None = None,
 ) -> RunOutcome:
     """Continue an interrupted, failed or diverged run from its last checkpoint, with its
     recorded config; the finished run has the same metrics as an uninterrupted one. A run
@@ -341,12 +386,20 @@ def resume(
     ``RESUME_KEYS``, and the method's float options (``algorithm.server_lr`` …). The run's
     config in the store becomes the new one, and its ``overrides`` record which keys
     changed from what to what at which round; keys that would change the data, model or
-    method are refused."""
+    method are refused. ``progress`` as for :func:`run`."""
     check_run_id(run_id, prefix=True)  # before the store: a hostile id never gets that far
     store = RunStore(db)
     run_id = check_run_id(store.run(run_id)["run_id"])  # a unique prefix names the run too
     with training_lock(store.path, run_id):
-        return _resume(store, run_id, data, on_round, data_dir, overrides)
+        record = store.run(run_id)
+        rounds = str((overrides or {}).get("rounds", record["rounds"]))
+        total = int(rounds) if rounds.isdigit() else record["rounds"]  # the bar's end
+        bar, on_round = _with_bar(progress, total, f"resuming {run_id}", on_round)
+        try:
+            return _resume(store, run_id, data, on_round, data_dir, overrides)
+        finally:
+            if bar is not None:
+                bar.stop()
 
 
 def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -> RunOutcome:
@@ -362,7 +415,8 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
     cfg = apply(RunConfig(), dict(config)).validate()
     if data_dir is not None:  # the data may have moved since the run started
         cfg.data_dir = data_dir
-    exp = build_experiment(cfg, data=data, on_round=_recorder(store, {"run_id": run_id}, on_round))
+    holder: dict[str, Any] = {"run_id": run_id}
+    exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
     check_same_data(record, exp.data, cfg.seed)
     digest = config_hash(record["config"])
     path = checkpoint_path(store.path, run_id)
@@ -384,33 +438,64 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
             f"run {run_id!r} is finished but its checkpoint {str(path)!r} is gone; it cannot "
             "be extended (start a new run with more rounds)"
         )
+    store.note_resume(run_id, {"round": done, "device": str(exp.ctx.device), "time": _now()})
     if changes:
         entry = {"round": done, "changes": changes, "from_hash": digest}
         store.override(run_id, config, {**entry, "time": _now()})
         digest = config_hash(config)
     store.restart(run_id)
-    return _execute(exp, store, run_id, result, digest)
+    stored = store.run(run_id)  # the trackers catch up with every round stored so far
+    holder["tracking"] = _open_tracking(
+        store, run_id, stored["config"], store.path.parent, stored["round_metrics"]
+    )
+    return _execute(exp, store, run_id, result, digest, holder["tracking"])
 
 
 def _recorder(store: RunStore | None, holder: dict, on_round):
+    """The runner's ``on_round``: the round goes to the store, then to the trackers
+    (``holder["tracking"]``), then to the caller's ``on_round``."""
+
     def record(rec: RoundRecord) -> None:
         if store is not None:
             store.log_round(holder["run_id"], rec)
+        if holder.get("tracking") is not None:
+            holder["tracking"].log_round(vars(rec))
         if on_round is not None:
             on_round(rec)
 
     return record
 
 
-def _execute(exp, store: RunStore | None, run_id: str | None, result, digest: str) -> RunOutcome:
+def _execute(
+    exp, store: RunStore | None, run_id: str | None, result, digest: str, tracking=None
+) -> RunOutcome:
     runner = exp.runner
     if store is not None:
         runner.checkpoint_path = checkpoint_path(store.path, run_id)
         runner.checkpoint_every = exp.config.checkpoint_every
         runner.checkpoint_meta = {"run_id": run_id, "config_hash": digest}
     try:
+        result = _train(runner, store, run_id, result)
+    except BaseException as e:
+        if tracking is not None:
+            stopped = isinstance(e, (RunStopped, KeyboardInterrupt))
+            tracking.close(
+                "interrupted" if stopped else "diverged" if isinstance(e, Diverged) else "failed"
+            )
+        raise
+    outcome = RunOutcome(run_id, exp.config, result)
+    if store is not None:
+        store.finish(run_id, result, outcome.summary()["val"])
+    if tracking is not None:
+        tracking.finish(result.metrics)
+    return outcome
+
+
+def _train(runner, store: RunStore | None, run_id: str | None, result) -> RunResult:
+    """``runner.run`` with the store told how a run that does not finish ended."""
+    try:
         with stop_on_signals(runner):
-            result = runner.run(result)
+            return runner.run(result)
     except RunStopped as e:
         if store is not None:
             how = f"resume with: fedshift run --resume {run_id} --db {store.path}"
@@ -433,7 +518,3 @@ def _execute(exp, store: RunStore | None, run_id: str | None, result, digest: st
         if store is not None:
             store.fail(run_id, "failed", "".join(traceback.format_exception_only(e)).strip())
         raise
-    outcome = RunOutcome(run_id, exp.config, result)
-    if store is not None:
-        store.finish(run_id, result, outcome.summary()["val"])
-    return outcome

@@ -13,7 +13,6 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from .cli_once import OnceCommand
@@ -102,7 +101,7 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
     """Accuracy (%) per test environment, then worst, average and worst client; one column
     per run (environments are rows, so eleven of them still fit a terminal). With ``std``
     (one dict per column, same shape as the metrics) cells read ``mean ± std``."""
-    envs = list(rows[0][1]["per_env"]) if rows else []
+    envs = next((list(m["per_env"]) for _, m in rows if m.get("per_env")), [])
     table = Table(title=title)
     table.add_column("test environment")
     for name, m in rows:
@@ -139,29 +138,10 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
 
 
 def progress_bar(total: int, label: str):
-    progress = Progress(
-        TextColumn(f"[bold]{escape(label)}[/bold]"),
-        BarColumn(),
-        TextColumn("round {task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("acc {task.fields[acc]}"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
-    task = progress.add_task(label, total=total, loss="—", acc="—")
+    """The run's progress line on stderr (``fedshift.progress``) and its ``on_round``."""
+    from .progress import progress_bar as bar
 
-    def on_round(rec) -> None:
-        if not progress.live.is_started:  # start only once training runs, after validation
-            progress.start()
-        fields = {"loss": f"{rec.loss:.4f}"}
-        if rec.metrics:
-            fields["acc"] = f"{rec.metrics['average']:.1f}%"
-        progress.update(task, completed=rec.round, **fields)
-
-    return progress, on_round
+    return bar(total, label, err)
 
 
 @app.command(cls=OnceCommand)
@@ -181,7 +161,9 @@ def run(
     ] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     resume: Annotated[
         str | None,
@@ -221,7 +203,7 @@ def run(
         label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed})"
         progress, on_round = progress_bar(cfg.rounds, label)
         try:
-            outcomes.append(run_api(cfg, db=db, on_round=on_round))
+            outcomes.append(run_api(cfg, db=db, on_round=on_round, progress=False))
         finally:
             progress.stop()
     if len(outcomes) == 1:
@@ -260,7 +242,9 @@ def sweep(
     rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
@@ -325,7 +309,9 @@ def _resume(
         total = int(changes["rounds"])
     progress, on_round = progress_bar(total, f"resuming {run_id}")
     try:
-        outcome = resume(run_id, db, on_round=on_round, data_dir=data_dir, overrides=changes)
+        outcome = resume(
+            run_id, db, on_round=on_round, data_dir=data_dir, overrides=changes, progress=False
+        )
     finally:
         progress.stop()
     summary = outcome.summary()
@@ -602,6 +588,7 @@ def compare(
 ) -> None:
     """Several runs in one table (per test environment, worst, average) and one plot."""
     from .results.frames import comparison_frame
+    from .results.partial import partial_sentence
     from .results.report import claim_folder, load_runs, mark_written, plot_per_env, run_label
     from .results.store import RunStore
 
@@ -612,6 +599,9 @@ def compare(
     runs = load_runs(RunStore(db), run_ids)
     claim_folder(out_dir, ["accuracy_per_env.png"], force)
     table = summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs])
+    partial = partial_sentence(runs)
+    if partial:
+        table.caption = f"{table.caption}\n{partial}" if table.caption else partial
     (err if json_ else out).print(table)
     plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
     (err if json_ else out).print(f"plot written to {escape(str(plot))}")
@@ -621,7 +611,7 @@ def compare(
         comparison_frame(runs).to_csv(csv, index=False)
         err.print(f"table written to {escape(str(csv))}")
     if json_:
-        keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics")
+        keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics", "partial")
         rows = [{"label": run_label(r), **{k: r[k] for k in keys}} for r in runs]
         print_json({"runs": rows, "plot": str(plot), "csv": None if csv is None else str(csv)})
 
@@ -684,7 +674,9 @@ def reproduce(
     skip_missing: Annotated[
         bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")
     ] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     resume: Annotated[
         bool,

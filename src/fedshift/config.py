@@ -23,9 +23,10 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from .errors import FedshiftError, did_you_mean
-from .options import _convert, require
+from .options import _convert, build_options, require
+from .tracking import TrackingOptions, check_trackers
 
-SECTIONS = ("algorithm", "scenario", "model", "faults")
+SECTIONS = ("algorithm", "scenario", "model", "faults", "tracking")
 ALIASES = {"checkpoint.every": "checkpoint_every"}
 
 
@@ -47,13 +48,15 @@ class RunConfig:
     cohort_size: int = 0  # 0 = all sampled clients in one batched cohort
     eval_every: int = 0  # 0 = about ten evaluations per run
     checkpoint_every: int = 10  # rounds between checkpoints (0 = only at the end / on stop)
-    device: str = "cpu"
+    device: str = "auto"  # cuda if available, else mps, else cpu (resolved when run)
     compile: bool = False
     data_dir: str = ""
+    tracking: list[str] = field(default_factory=list)  # "tensorboard", "mlflow" (fedshift.tracking)
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     scenario_options: dict[str, Any] = field(default_factory=dict)
     model_options: dict[str, Any] = field(default_factory=dict)
     faults_options: dict[str, Any] = field(default_factory=dict)
+    tracking_options: dict[str, Any] = field(default_factory=dict)
 
     def validate(self) -> RunConfig:
         require(0 <= self.rounds <= 10**7, f"rounds must lie in 0..10^7, got {self.rounds}")
@@ -90,9 +93,12 @@ class RunConfig:
         require(self.eval_every >= 0, f"eval_every must be >= 0, got {self.eval_every}")
         require(self.checkpoint_every >= 0, "checkpoint_every must be >= 0 (0 = end/stop only)")
         require(
-            self.device == "cpu" or self.device.startswith("cuda") or self.device == "mps",
-            f"device {self.device!r} is not supported; use cpu, cuda, cuda:N or mps",
+            self.device in ("auto", "cpu", "mps") or self.device.startswith("cuda"),
+            f"device {self.device!r} is not supported; use auto, cpu, cuda, cuda:N or mps",
         )
+        self.tracking = list(dict.fromkeys(t.strip() for t in self.tracking if t.strip()))
+        check_trackers(self.tracking)
+        build_options(TrackingOptions, self.tracking_options, "tracking")
         return self
 
     def flat(self) -> dict[str, Any]:

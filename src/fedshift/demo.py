@@ -86,6 +86,7 @@ def run_demo(out_dir: Path, db: Path, rounds: int, seed: int, progress=None):
                     scenario="digits-shortcut",
                     db=db,
                     on_round=on_round,
+                    progress=False,
                     **settings,
                 )
             finally:

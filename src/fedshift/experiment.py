@@ -32,13 +32,24 @@ class Experiment:
 
 
 def resolve_device(name: str) -> torch.device:
+    """The device a run trains on. ``auto`` (the default) takes the best one here: cuda,
+    else mps, else cpu; it is resolved on every start and resume, so a run started on a
+    GPU machine resumes on a laptop (the store's ``environment.device`` says where it ran)."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise FedshiftError(
-            f"device {name!r} was asked for but CUDA is not available here; use --device cpu"
+            f"device {name!r} was asked for but CUDA is not available here; use device auto or "
+            "cpu (--device, or --set device=… with --resume)"
         )
     if name == "mps" and not torch.backends.mps.is_available():
         raise FedshiftError(
-            "device 'mps' was asked for but MPS is not available here; use --device cpu"
+            "device 'mps' was asked for but MPS is not available here; use device auto or cpu "
+            "(--device, or --set device=… with --resume)"
         )
     return torch.device(name)
 

@@ -390,10 +390,20 @@ def run_table(
                 try:
                     if before is not None:
                         out = resume_api(
-                            before["run_id"], db, data=data_for(cfg), on_round=on_round
+                            before["run_id"],
+                            db,
+                            data=data_for(cfg),
+                            on_round=on_round,
+                            progress=False if progress else None,
                         )
                     else:
-                        out = run_api(cfg, data=data_for(cfg), db=db, on_round=on_round)
+                        out = run_api(
+                            cfg,
+                            data=data_for(cfg),
+                            db=db,
+                            on_round=on_round,
+                            progress=False if progress else None,
+                        )
                 finally:
                     if stop is not None:
                         stop()
@@ -416,11 +426,13 @@ def run_table(
     return results, skipped
 
 
-MACHINE_KEYS = ("device", "data_dir")  # where a run ran, not what it is
+MACHINE_KEYS = ("device", "data_dir", "tracking")  # where a run ran and was logged, not what it is
 
 
 def _identity(config: dict) -> str:
-    kept = {k: v for k, v in config.items() if k not in MACHINE_KEYS}
+    kept = {
+        k: v for k, v in config.items() if k not in MACHINE_KEYS and not k.startswith("tracking.")
+    }
     return json.dumps(kept, sort_keys=True, default=str)
 
 

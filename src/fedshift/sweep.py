@@ -147,7 +147,9 @@ def run_sweep(
                 )
             )
             try:
-                outcome = run_api(cfg, db=db, on_round=on_round)
+                outcome = run_api(
+                    cfg, db=db, on_round=on_round, progress=None if bar is None else False
+                )
             finally:
                 if bar is not None:
                     bar.stop()

@@ -44,7 +44,9 @@ def run(
     ] = None,
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+    ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     simulation: Annotated[
         bool, typer.Option("--simulation", help="Flower's simulation engine, in this process")

@@ -16,6 +16,7 @@ from ..api import RunOutcome
 from ..config import RunConfig
 from ..data import build_scenario
 from ..errors import FedshiftError
+from ..experiment import resolve_device
 from .server import DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROUND_TIMEOUT, SUMMARY_PREFIX
 
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
@@ -67,7 +68,7 @@ def simulate(
 
     workers = actors or min(os.cpu_count() or 1, n)
     # Ray hides GPUs from workers that asked for none: CUDA runs share the GPU(s)
-    cuda = any(c.device.startswith("cuda") for c in configs)
+    cuda = any(resolve_device(c.device).type == "cuda" for c in configs)
     backend = {
         "client_resources": {"num_cpus": 1, "num_gpus": 1.0 / workers if cuda else 0.0},
         "init_args": {"num_cpus": workers},

@@ -31,7 +31,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from ..api import RunOutcome, _recorder
+from ..api import RunOutcome, _open_tracking, _recorder
 from ..config import RunConfig
 from ..engine.runner import Diverged, RoundRecord, Runner
 from ..engine.sampling import sample_clients
@@ -39,7 +39,7 @@ from ..engine.tree import Tree, nbytes
 from ..errors import FedshiftError
 from ..eval.metrics import EvalCounts, summarize
 from ..experiment import Experiment, build_experiment, environment_info
-from ..results.store import RunStore
+from ..results.store import DEFAULT_DB, RunStore
 from .records import from_record, job_record, row, to_record
 
 SUMMARY_PREFIX = "fedshift-summary "
@@ -275,17 +275,24 @@ def serve(
             env.update(engine=engine, flwr=flwr.__version__)
             holder["run_id"] = store.start(cfg.flat(), env)
         run_id = holder.get("run_id")
+        base = store.path.parent if store is not None else DEFAULT_DB.parent
+        tracking = holder["tracking"] = _open_tracking(store, run_id, cfg.flat(), base, [])
         runner = FlowerRunner(exp, grid, nodes, run_id or secrets.token_hex(5), round_timeout)
         try:
             result = runner.run()
         except BaseException as e:
+            status = "diverged" if isinstance(e, Diverged) else "failed"
             if store is not None:
                 msg = "".join(traceback.format_exception_only(e)).strip()
-                store.fail(run_id, "diverged" if isinstance(e, Diverged) else "failed", msg)
+                store.fail(run_id, status, msg)
+            if tracking is not None:
+                tracking.close(status)
             raise
         outcome = RunOutcome(run_id, cfg, result)
         if store is not None:
             store.finish(run_id, result, outcome.summary()["val"])
+        if tracking is not None:
+            tracking.finish(result.metrics)
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)

@@ -12,8 +12,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import FedshiftError  # noqa: E402
+from . import html_page as page_html  # noqa: E402
 from .logged import OPTIONAL_FIGURES, event_rows  # noqa: E402
+from .partial import partial_note, partial_sentence, with_last_evaluation  # noqa: E402
 from .plots import _env_x  # noqa: E402
+from .provenance import config_rows, environment_rows  # noqa: E402
 from .store import RunStore  # noqa: E402
 
 DEGENERATE = " †degenerate"
@@ -23,6 +26,8 @@ def run_label(run: dict) -> str:
     cfg = run["config"]
     label = f"{run['algorithm']} ({run['run_id']})"
     label += ", oracle data" if cfg.get("scenario.oracle") else ""
+    note = partial_note(run)
+    label += f" ({note})" if note else ""
     return label + (DEGENERATE if (run.get("metrics") or {}).get("degenerate") else "")
 
 
@@ -39,11 +44,14 @@ def degenerate_note(runs: list[dict]) -> str | None:
 
 
 def load_runs(store: RunStore, run_ids: list[str]) -> list[dict]:
-    runs = [store.run(r) for r in run_ids]
-    unfinished = [r["run_id"] for r in runs if not r["metrics"]]
-    if unfinished:
-        raise FedshiftError(f"runs {', '.join(unfinished)} have no final metrics yet (not done)")
-    return runs
+    """The runs as reports read them: an unfinished one with its last evaluation, marked
+    (:mod:`fedshift.results.partial`)."""
+    return [with_last_evaluation(store.run(r)) for r in run_ids]
+
+
+def env_names(runs: list[dict]) -> list[str]:
+    """The test environments, from the first run evaluated at all."""
+    return next((list(r["metrics"]["per_env"]) for r in runs if r["metrics"]["per_env"]), [])
 
 
 def _axes(series: int):
@@ -72,6 +80,8 @@ def plot_per_env(runs: list[dict], path: Path) -> Path:
     fig, ax = _axes(len(runs))
     for run in runs:
         per_env = run["metrics"]["per_env"]
+        if not per_env:  # an unfinished run never evaluated
+            continue
         x, numeric = _env_x(list(per_env))
         style = "--" if run["config"].get("scenario.oracle") else "-"
         bad = bool(run["metrics"].get("degenerate"))  # a one-class model: dotted, crosses
@@ -80,13 +90,16 @@ def plot_per_env(runs: list[dict], path: Path) -> Path:
         analytic = (run.get("environment") or {}).get("oracle_accuracy")
         if analytic is not None:  # e.g. scm: the Bayes classifier on the causal latents
             ax.axhline(analytic, ls="--", color="k", lw=1, label="analytic oracle")
-    names = list(runs[0]["metrics"]["per_env"])
+    names = env_names(runs)
     x, numeric = _env_x(names)
     if not numeric:
         ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set(xlabel="test environment", ylabel="test accuracy (%)", ylim=(0, 100))
     ax.grid(alpha=0.3)
-    _legend_below(ax)
+    if names:
+        _legend_below(ax)
+    else:
+        ax.text(0.5, 0.5, "no evaluation yet", ha="center", transform=ax.transAxes)
     return _save(fig, path)
 
 
@@ -119,7 +132,7 @@ def plot_per_client(runs: list[dict], path: Path) -> Path:
     for i, run in enumerate(runs):
         vals = [v if v is not None else 0.0 for v in run["metrics"]["per_client"]]
         ax.bar([c + i * width for c in range(len(vals))], vals, width, label=run_label(run))
-    n = len(runs[0]["metrics"]["per_client"])
+    n = max(len(r["metrics"]["per_client"]) for r in runs)
     ax.set_xticks([c + 0.4 - width / 2 for c in range(n)], [str(c) for c in range(n)])
     ax.set(xlabel="client", ylabel="accuracy, mean over test envs (%)", ylim=(0, 100))
     _legend_below(ax)
@@ -146,7 +159,7 @@ def tables(runs: list[dict]) -> tuple[list[str], list[list[str]], list[str], lis
         ]
         for r in runs
     ]
-    envs = list(runs[0]["metrics"]["per_env"])
+    envs = env_names(runs)
     env_head = ["test environment"] + [run_label(r) for r in runs]
     env_rows = [[e] + [_fmt(r["metrics"]["per_env"].get(e)) for r in runs] for e in envs]
     return head, rows, env_head, env_rows
@@ -156,14 +169,6 @@ def _md_table(head: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def _html_table(head: list[str], rows: list[list[str]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows
-    )
-    return f"<table><tr>{th}</tr>{body}</table>"
 
 
 FIGURES = [
@@ -236,40 +241,30 @@ def write_report(
     faults = event_rows(runs)
     fault_head = ["run", "client fault", "uploads affected"]
     title = f"fedshift report: {', '.join(r['run_id'] for r in runs)}"
+    intro = "Accuracies in %; worst/average over test environments of the client-averaged accuracy."
+    notes = [n for n in (partial_sentence(runs), degenerate_note(runs)) if n]
+    config, environment = config_rows(runs), environment_rows(runs)
     if fmt == "md":
-        parts = [
-            f"# {title}",
-            "Accuracies in %; worst/average over test environments of the "
-            "client-averaged accuracy.",
-            _md_table(head, rows),
-            _md_table(env_head, env_rows),
-        ]
-        note = degenerate_note(runs)
-        if note:
-            parts.insert(2, note)
+        parts = [f"# {title}", intro, *notes, _md_table(head, rows), _md_table(env_head, env_rows)]
         if faults:
             parts += ["## Client faults", _md_table(fault_head, faults)]
         parts += [f"## {t}\n\n![{t}]({f})" for t, f in figures]
+        parts += ["## Config", _md_table(*config), "## Environment", _md_table(*environment)]
         path = out / "report.md"
         path.write_text("\n\n".join(parts) + "\n")
     else:
-        parts = [
-            f"<h1>{html.escape(title)}</h1>",
-            _html_table(head, rows),
-            _html_table(env_head, env_rows),
+        sections = [(None, f"<p>{html.escape(intro)}</p>")]
+        sections += [(None, page_html.note(n)) for n in notes]
+        sections += [
+            (None, page_html.table(head, rows)),
+            (None, page_html.table(env_head, env_rows)),
         ]
-        note = degenerate_note(runs)
-        if note:
-            parts.insert(1, f"<p>{html.escape(note)}</p>")
         if faults:
-            parts += ["<h2>Client faults</h2>", _html_table(fault_head, faults)]
-        parts += [
-            f"<h2>{html.escape(t)}</h2><img src='{f}' alt='{html.escape(t)}'>" for t, f in figures
-        ]
+            sections.append(("Client faults", page_html.table(fault_head, faults)))
+        sections += [(t, page_html.figure(t, out / f)) for t, f in figures]
+        sections.append(("Config", page_html.table(*config)))
+        sections.append(("Environment", page_html.table(*environment)))
         path = out / "report.html"
-        path.write_text(
-            "<!doctype html><meta charset='utf-8'><title>fedshift report</title>"
-            "<style>td,th{padding:2px 8px;text-align:right}</style>" + "".join(parts)
-        )
+        path.write_text(page_html.page(title, sections))
     mark_written(out, [path.name] + [f for _, f in figures])
     return path

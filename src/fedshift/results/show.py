@@ -26,6 +26,11 @@ def header(record: dict) -> str:
         f"created {r['created']}, finished {r['finished'] or '—'}; "
         f"time {_cell(r['time_s'])} s, {mb:.2f} MB communicated"
     )
+    devices = [(r.get("environment") or {}).get("device")]
+    devices += [e.get("device") for e in (r.get("environment") or {}).get("resumes", [])]
+    devices = list(dict.fromkeys(d for d in devices if d))
+    if devices:
+        line += f"; on {', then '.join(devices)}"
     if r.get("val") is not None:
         line += f"; validation accuracy {r['val']:.1f} %"
     if r.get("error"):

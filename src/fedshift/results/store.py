@@ -262,6 +262,15 @@ class RunStore:
                 (os.getpid(), run_id),
             )
 
+    def note_resume(self, run_id: str, entry: dict[str, Any]) -> None:
+        """Append ``entry`` (round, device, time) to the run's ``environment["resumes"]``:
+        a run may resume on another machine, and ``environment.device`` is where it began."""
+        with closing(self._connect()) as conn, conn:
+            row = conn.execute("SELECT environment FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            env = json.loads(row["environment"]) if row and row["environment"] else {}
+            env["resumes"] = [*env.get("resumes", []), entry]
+            conn.execute("UPDATE runs SET environment=? WHERE run_id=?", (json.dumps(env), run_id))
+
     def override(self, run_id: str, config: dict[str, Any], entry: dict[str, Any]) -> None:
         """Record a change of config on resume: the run's config becomes ``config`` (its
         ``rounds`` too) and ``entry`` (which keys changed at which round) is appended to its

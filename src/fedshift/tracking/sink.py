@@ -1,0 +1,62 @@
+"""What every tracker writes, and how: the figures of a round and of the final evaluation
+as flat ``name → number`` maps, each round written once."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+ROUND_KEYS = ("loss", "val", "bytes_up", "bytes_down", "time_s")
+SUMMARY_KEYS = ("worst", "average", "worst_client")
+
+
+def round_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """A stored round (or a ``RoundRecord``'s fields) as the trackers' scalars: the names
+    of ``fs.load_rounds``, with ``per_env/<env>`` for each test environment (accuracy %)."""
+    metrics = record.get("metrics") or {}
+    out = {k: record.get(k) for k in ROUND_KEYS}
+    out.update({k: metrics.get(k) for k in SUMMARY_KEYS})
+    out.update({f"per_env/{e}": v for e, v in (metrics.get("per_env") or {}).items()})
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def final_scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {f"final/{k}": metrics.get(k) for k in SUMMARY_KEYS}
+    out.update({f"final/per_env/{e}": v for e, v in (metrics.get("per_env") or {}).items()})
+    return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def final_table(metrics: dict[str, Any]) -> str:
+    """The final accuracy table (Markdown; both trackers render it)."""
+
+    def cell(v) -> str:
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+    rows = [(e, v) for e, v in (metrics.get("per_env") or {}).items()]
+    rows += [("**worst**", metrics.get("worst")), ("**average**", metrics.get("average"))]
+    rows += [("**worst client**", metrics.get("worst_client"))]
+    lines = ["| test environment | accuracy % |", "|---|---|"]
+    return "\n".join(lines + [f"| {e} | {cell(v)} |" for e, v in rows])
+
+
+class Sink:
+    """One tracker's view of one run; ``last`` is the last round it holds, so a round
+    replayed after a resume (the checkpoint lags the store) is not written again."""
+
+    name = "tracker"
+    last = 0
+
+    def log_round(self, record: dict[str, Any]) -> None:
+        if record["round"] <= self.last:
+            return
+        self.write_round(record["round"], round_scalars(record))
+        self.last = record["round"]
+
+    def write_round(self, step: int, scalars: dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def finish(self, metrics: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def close(self, status: str) -> None:
+        raise NotImplementedError
