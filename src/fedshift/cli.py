@@ -36,6 +36,24 @@ app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 err = Console(stderr=True, emoji=False)
 out = Console(emoji=False)
 RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
+ImportOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--import",
+        help="your module that registers algorithms, scenarios or models: a module name "
+        "(from the current folder or the Python path) or a .py file; repeatable",
+    ),
+]
+
+
+def import_first(specs: list[str] | None) -> list[str] | None:
+    """Import ``--import`` modules before anything looks a name up; the specs a run
+    records (None when none was given, so the config keeps no ``imports`` key)."""
+    if not specs:
+        return None
+    from .plugins import import_modules
+
+    return import_modules(specs)
 
 
 def _print_version(value: bool) -> None:
@@ -187,12 +205,14 @@ def run(
         str | None,
         typer.Option(help="continue an interrupted run (RUN_ID or a unique prefix of it)"),
     ] = None,
+    imports: ImportOption = None,
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
     from .api import seeds_summary
     from .config import add_options, parse_seeds, parse_set, resolve
 
+    specs = import_first(imports)  # with --resume: besides the run's recorded imports
     if resume is not None:
         given = [source, seed, seeds, cohort_size, device]
         if any(v for v in given if v is not None):
@@ -210,6 +230,7 @@ def run(
             "cohort_size": cohort_size,
             "device": device,
             "data_dir": data_dir,
+            "imports": specs,
         },
     )
     seed_list = parse_seeds(seeds) if seeds is not None else [None]
@@ -262,14 +283,14 @@ def sweep(
     json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, cuda:N or mps")] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    imports: ImportOption = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
     from .config import add_options, parse_seeds, parse_set
     from .sweep import parse_grid, run_sweep
 
-    overrides = add_options(
-        parse_set(set_ or []), {"rounds": rounds, "device": device, "data_dir": data_dir}
-    )
+    given = {"rounds": rounds, "device": device, "data_dir": data_dir}
+    overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
     result = run_sweep(
         source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar
     )
@@ -342,10 +363,12 @@ def _resume(
 def list_(
     what: Annotated[str, typer.Argument(help="algorithms, scenarios, presets or models")],
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
+    imports: ImportOption = None,
 ) -> None:
     """List registered algorithms, scenarios, presets or models, with their options."""
     from .catalog import catalog
 
+    import_first(imports)
     items = catalog(what)
     if json_:
         print_json(items)
@@ -523,12 +546,14 @@ def describe(
     seed: Annotated[int, typer.Option(help="scenario seed")] = 0,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
+    imports: ImportOption = None,
 ) -> None:
     """Per-client sizes, classes and environments of a scenario."""
     from .config import parse_set
     from .data import build_scenario
     from .data.describe import describe as describe_data
 
+    import_first(imports)
     if what != "scenario":
         raise FedshiftError(f"cannot describe {what!r}; use: fedshift describe scenario NAME")
     options = {k.removeprefix("scenario."): v for k, v in parse_set(set_ or []).items()}
@@ -690,13 +715,15 @@ def reproduce(
             "its stopped ones from their checkpoints (a long table across sessions)"
         ),
     ] = False,
+    imports: ImportOption = None,
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
     from .config import add_options, parse_set
     from .reproduce import reproduce as reproduce_table
 
-    extra = add_options(parse_set(set_ or []), {"device": device, "data_dir": data_dir})
+    given = {"device": device, "data_dir": data_dir, "imports": import_first(imports)}
+    extra = add_options(parse_set(set_ or []), given)
     add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
 
     def progress(total, label):
