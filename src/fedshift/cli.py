@@ -790,6 +790,62 @@ def build_waterbirds(
     err.print(f"WaterBirds written to {escape(str(folder))}", highlight=False, soft_wrap=True)
 
 
+@data_app.command("export-partition", cls=OnceCommand)
+@user_errors
+def export_partition(
+    out_path: Annotated[Path, typer.Argument(help="the file to write: .json or .npz")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="scenario=NAME or scenario.OPTION=VALUE"),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="the run seed whose partition to write")] = 0,
+    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    imports: ImportOption = None,
+) -> None:
+    """Write which images each client of a scenario holds (index lists, JSON or NPZ), for
+    the from-partition scenario or another framework (docs/partitions.md)."""
+    from .config import RunConfig, parse_set
+    from .data import build_scenario
+    from .data.partition_file import export_partition as export
+
+    if out_path.suffix not in (".json", ".npz"):
+        raise FedshiftError(f"{str(out_path)!r}: a partition file ends in .json or .npz")
+    keys = parse_set(set_ or [])
+    other = [k for k in keys if k != "scenario" and not k.startswith("scenario.")]
+    if other:
+        raise FedshiftError(
+            f"export-partition takes scenario keys only (scenario=NAME, scenario.OPTION=VALUE), "
+            f"not {other[0]!r}"
+        )
+    import_first(imports)
+    name = keys.pop("scenario", RunConfig().scenario)
+    options = {k.removeprefix("scenario."): v for k, v in keys.items()}
+    data = build_scenario(name, options, seed, data_dir)
+    path = export(data, out_path)
+    part = data.partition
+    sizes = {s: int(p.sizes().sum()) for s, p in part.splits.items()}
+    counts = ", ".join(f"{s} {n}" for s, n in sizes.items())
+    err.print(
+        f"wrote the index lists of {part.num_clients} clients of {part.dataset} ({counts}) "
+        f"to {escape(str(path))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if json_:
+        print_json(
+            {
+                "path": str(path),
+                "scenario": name,
+                "seed": seed,
+                "dataset": part.dataset,
+                "pool": part.pool,
+                "clients": part.num_clients,
+                "indices": sizes,
+            }
+        )
+
+
 def main() -> None:
     app()
 
