@@ -279,3 +279,18 @@ def test_resume_imports_the_recorded_file_in_a_fresh_process(tmp_path, monkeypat
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "needs the modules it was started with" in res.stderr
     assert "no such file" in res.stderr and "--import" in res.stderr
+
+
+def test_sweep_imports_and_records_the_module(tmp_path, monkeypatch):
+    write(tmp_path, "plugin_sweep", "plugin-sweep")
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "r.db"
+    res = invoke("sweep", "--import", "plugin_sweep", "--set", "algorithm=plugin-sweep",
+                 "--set", "scenario.clients=3", "--grid", "algorithm.beta=0.1,0.9",
+                 "--rounds", "1", "--db", str(db), "--json")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    runs = RunStore(db).runs()
+    assert len(runs) == 2 and all(r["config"]["imports"] == ["plugin_sweep"] for r in runs)
+    for command in ("reproduce", "describe", "list"):
+        assert "--import" in invoke(command, "--help").output
+    assert "--import" in invoke("data", "export-partition", "--help").output
