@@ -8,9 +8,9 @@ Client objective: CE(q, y) + β·τ²·KL(q̃_τ^g ‖ q̃_τ^l), where q̃_τ a
 at temperature τ over the classes *other than the label*, of the received global model (g)
 and of the local model (l): the client learns its labels while keeping the global model's
 knowledge of the classes it barely sees. β = 0 is FedAvg. The data is `dirichlet` label
-shift on scikit-learn's digits (offline). FEDSHIFT_EXAMPLE_SMALL=1 runs 2 rounds. To use
-the method from the command line, move the class into a module of its own and run
-`fedshift run --import my_module --set algorithm=fedntd` (docs/extending.md).
+shift on scikit-learn's digits (offline). FEDSHIFT_EXAMPLE_SMALL=1 runs 2 rounds. The
+command line can use the method too, since importing this file does not run `main`:
+`fedshift run --import examples/own_method.py --set algorithm=fedntd` (docs/extending.md).
 """
 
 from __future__ import annotations

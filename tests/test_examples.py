@@ -77,3 +77,14 @@ def test_examples_explain_themselves(name):
     text = (EXAMPLES / name).read_text()
     assert text.startswith('"""') and "FEDSHIFT_EXAMPLE_SMALL" in text
     assert f"python examples/{name}" in text  # how to run it, in its docstring
+
+
+def test_the_cli_imports_the_method_of_own_method_py(tmp_path):
+    """Importing the example runs no experiment (main is guarded), so --import takes it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "fedshift.cli", "run", "--import", "examples/own_method.py"]
+    cmd += ["--set", "algorithm=fedntd", "--set", "scenario.clients=3", "--rounds", "1"]
+    res = subprocess.run([*cmd, "--db", str(tmp_path / "r.db")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert stored_runs(tmp_path / "r.db") == [("fedntd", "done")]
