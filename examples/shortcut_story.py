@@ -9,9 +9,11 @@ predicts better than the shape. Test environments recolour the same test images 
 p = 0 … 1. ERM (FedAvg) learns the colour: near 100 % at p = 1, far below chance at p = 0.
 IRM's penalty keeps the shape; a grayscale model (the oracle) shows what is possible.
 Settings are the reference script's, as in fedshift's table `irm-arjovsky-cmnist`
-(`fedshift reproduce irm-arjovsky-cmnist`, docs/results/irm-arjovsky-cmnist/). Needs MNIST
-in the data root ($FEDSHIFT_DATA); --scale 0.1 is a ten-times shorter run, and
-FEDSHIFT_EXAMPLE_SMALL=1 a seconds-long smoke test on 2,000 images.
+(`fedshift reproduce irm-arjovsky-cmnist`, docs/results/irm-arjovsky-cmnist/: at this
+scale IRM reaches 64.9 % at p = 0.1, ERM 16.7 %, the oracle 73.0 %, over 5 seeds). Needs
+MNIST in the data root ($FEDSHIFT_DATA). --scale 0.1 runs a tenth of the rounds, too few
+for IRM: its curve then still follows ERM's. FEDSHIFT_EXAMPLE_SMALL=1 is a seconds-long
+smoke test on 2,000 images.
 """
 
 from __future__ import annotations
