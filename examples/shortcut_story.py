@@ -11,8 +11,10 @@ IRM's penalty keeps the shape; a grayscale model (the oracle) shows what is poss
 Settings are the reference script's, as in fedshift's table `irm-arjovsky-cmnist`
 (`fedshift reproduce irm-arjovsky-cmnist`, docs/results/irm-arjovsky-cmnist/: at this
 scale IRM reaches 64.9 % at p = 0.1, ERM 16.7 %, the oracle 73.0 %, over 5 seeds). Needs
-MNIST in the data root ($FEDSHIFT_DATA). --scale 0.1 runs a tenth of the rounds, too few
-for IRM: its curve then still follows ERM's. FEDSHIFT_EXAMPLE_SMALL=1 is a seconds-long
+MNIST in the data root ($FEDSHIFT_DATA). The full scale takes about 15 CPU-minutes (one
+thread) and gives, with seed 0, ERM 15.7 %, IRM 67.2 %, oracle 72.9 % at p = 0.1
+(docs/img/shortcut_story.png). --scale 0.1 runs a tenth of the rounds, too few for IRM:
+its curve then still follows ERM's. FEDSHIFT_EXAMPLE_SMALL=1 is a seconds-long
 smoke test on 2,000 images.
 """
 
