@@ -28,6 +28,7 @@ from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
+from .plugins import import_modules, imported_already, user_modules
 from .results.store import DEFAULT_DB, RunStore, _now, check_run_id
 
 
@@ -111,6 +112,8 @@ def scenario(
 
 
 def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
+    """A validated config from keyword settings (``algorithm_options={...}`` or dotted
+    ``"algorithm.mu"`` keys); its ``imports`` are imported."""
     cfg = config or RunConfig()
     flat: dict[str, Any] = {}
     for key, value in settings.items():
@@ -119,7 +122,9 @@ def make_config(config: RunConfig | None = None, **settings) -> RunConfig:
             flat.update({f"{section}.{k}": v for k, v in value.items()})
         else:
             flat[key] = value
-    return apply(cfg, flat).validate()
+    cfg = apply(cfg, flat)
+    cfg.imports = import_modules(cfg.imports)
+    return cfg.validate()
 
 
 def record_recipe(cfg: RunConfig, data: FederatedData, name_from_data: bool) -> None:
@@ -135,6 +140,15 @@ def record_recipe(cfg: RunConfig, data: FederatedData, name_from_data: bool) -> 
             cfg.scenario_options.setdefault(key, value)
         if recipe["data_dir"] and not cfg.data_dir:
             cfg.data_dir = recipe["data_dir"]
+
+
+def record_user_modules(cfg: RunConfig, data: FederatedData) -> None:
+    """Add to ``cfg.imports`` the user's modules that define the run's algorithm, scenario
+    or model (registered from Python without ``imports``), so a resume from the command
+    line can import them again."""
+    model = data.default_model if cfg.model == "auto" else cfg.model
+    used = {"algorithm": cfg.algorithm, "scenario": cfg.scenario, "model": model}
+    cfg.imports = [*cfg.imports, *user_modules(used)]
 
 
 def data_identity(data: FederatedData) -> dict[str, Any]:
@@ -258,6 +272,7 @@ def run(
     bar, on_round = _with_bar(progress, cfg.rounds, f"{cfg.algorithm} on {cfg.scenario}", on_round)
     try:
         exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
+        record_user_modules(cfg, exp.data)
         if store is not None:
             env = environment_info(exp.ctx.device)
             if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
@@ -404,6 +419,7 @@ def resume(
 
 def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -> RunOutcome:
     record = store.run(run_id)
+    reimport(record)
     config, changes = resume_changes(record, overrides or {})
     extends = "rounds" in changes and changes["rounds"]["to"] > changes["rounds"]["from"]
     finished = record["status"] == "done" and record["metrics"]
@@ -449,6 +465,20 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
         store, run_id, stored["config"], store.path.parent, stored["round_metrics"]
     )
     return _execute(exp, store, run_id, result, digest, holder["tracking"])
+
+
+def reimport(record: dict) -> None:
+    """Import the modules a run recorded in its config (``imports``) before its names are
+    looked up; one sentence when one of them cannot be imported here."""
+    specs = record["config"].get("imports") or []
+    try:
+        import_modules([s for s in specs if not imported_already(s)])
+    except FedshiftError as e:
+        raise FedshiftError(
+            f"run {record['run_id']!r} needs the modules it was started with "
+            f"({', '.join(specs)}): {e}; resume it from the folder it was started in, or "
+            "give the module's file with --import"
+        ) from None
 
 
 def _recorder(store: RunStore | None, holder: dict, on_round):

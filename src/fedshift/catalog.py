@@ -31,7 +31,8 @@ def catalog(what: str) -> list[dict]:
         return [
             {
                 "name": n,
-                "help": _first_line(sys.modules[ALGORITHMS.get(n).__module__].__doc__),
+                "help": _first_line(sys.modules[ALGORITHMS.get(n).__module__].__doc__)
+                or _first_line(ALGORITHMS.get(n).__doc__),  # a class of a notebook or script
                 "personalized": ALGORITHMS.get(n).personalized,
                 "options": describe_options(ALGORITHMS.get(n).Hyper),
             }

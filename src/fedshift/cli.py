@@ -35,6 +35,24 @@ app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 err = Console(stderr=True, emoji=False)
 out = Console(emoji=False)
 RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
+ImportOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--import",
+        help="your module that registers algorithms, scenarios or models: a module name "
+        "(from the current folder or the Python path) or a .py file; repeatable",
+    ),
+]
+
+
+def import_first(specs: list[str] | None) -> list[str] | None:
+    """Import ``--import`` modules before anything looks a name up; the specs a run
+    records (None when none was given, so the config keeps no ``imports`` key)."""
+    if not specs:
+        return None
+    from .plugins import import_modules
+
+    return import_modules(specs)
 
 
 def _print_version(value: bool) -> None:
@@ -169,12 +187,14 @@ def run(
         str | None,
         typer.Option(help="continue an interrupted run (RUN_ID or a unique prefix of it)"),
     ] = None,
+    imports: ImportOption = None,
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
     from .api import seeds_summary
     from .config import add_options, parse_seeds, parse_set, resolve
 
+    specs = import_first(imports)  # with --resume: besides the run's recorded imports
     if resume is not None:
         given = [source, seed, seeds, cohort_size, device]
         if any(v for v in given if v is not None):
@@ -192,6 +212,7 @@ def run(
             "cohort_size": cohort_size,
             "device": device,
             "data_dir": data_dir,
+            "imports": specs,
         },
     )
     seed_list = parse_seeds(seeds) if seeds is not None else [None]
@@ -246,14 +267,14 @@ def sweep(
         str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
     ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    imports: ImportOption = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
     from .config import add_options, parse_seeds, parse_set
     from .sweep import parse_grid, run_sweep
 
-    overrides = add_options(
-        parse_set(set_ or []), {"rounds": rounds, "device": device, "data_dir": data_dir}
-    )
+    given = {"rounds": rounds, "device": device, "data_dir": data_dir}
+    overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
     result = run_sweep(
         source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar
     )
@@ -328,10 +349,12 @@ def _resume(
 def list_(
     what: Annotated[str, typer.Argument(help="algorithms, scenarios, presets or models")],
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
+    imports: ImportOption = None,
 ) -> None:
     """List registered algorithms, scenarios, presets or models, with their options."""
     from .catalog import catalog
 
+    import_first(imports)
     items = catalog(what)
     if json_:
         print_json(items)
@@ -512,12 +535,14 @@ def describe(
     seed: Annotated[int, typer.Option(help="scenario seed")] = 0,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
+    imports: ImportOption = None,
 ) -> None:
     """Per-client sizes, classes and environments of a scenario."""
     from .config import parse_set
     from .data import build_scenario
     from .data.describe import describe as describe_data
 
+    import_first(imports)
     if what != "scenario":
         raise FedshiftError(f"cannot describe {what!r}; use: fedshift describe scenario NAME")
     options = {k.removeprefix("scenario."): v for k, v in parse_set(set_ or []).items()}
@@ -685,13 +710,15 @@ def reproduce(
             "its stopped ones from their checkpoints (a long table across sessions)"
         ),
     ] = False,
+    imports: ImportOption = None,
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
     from .config import add_options, parse_set
     from .reproduce import reproduce as reproduce_table
 
-    extra = add_options(parse_set(set_ or []), {"device": device, "data_dir": data_dir})
+    given = {"device": device, "data_dir": data_dir, "imports": import_first(imports)}
+    extra = add_options(parse_set(set_ or []), given)
     add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
 
     def progress(total, label):
@@ -756,6 +783,62 @@ def build_waterbirds(
         cub, places, out_dir, seed=seed, progress=stderr_progress("WaterBirds")
     )
     err.print(f"WaterBirds written to {escape(str(folder))}", highlight=False, soft_wrap=True)
+
+
+@data_app.command("export-partition", cls=OnceCommand)
+@user_errors
+def export_partition(
+    out_path: Annotated[Path, typer.Argument(help="the file to write: .json or .npz")],
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="scenario=NAME or scenario.OPTION=VALUE"),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="the run seed whose partition to write")] = 0,
+    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    imports: ImportOption = None,
+) -> None:
+    """Write which images each client of a scenario holds (index lists, JSON or NPZ), for
+    the from-partition scenario or another framework (docs/partitions.md)."""
+    from .config import RunConfig, parse_set
+    from .data import build_scenario
+    from .data.partition_file import export_partition as export
+
+    if out_path.suffix not in (".json", ".npz"):
+        raise FedshiftError(f"{str(out_path)!r}: a partition file ends in .json or .npz")
+    keys = parse_set(set_ or [])
+    other = [k for k in keys if k != "scenario" and not k.startswith("scenario.")]
+    if other:
+        raise FedshiftError(
+            f"export-partition takes scenario keys only (scenario=NAME, scenario.OPTION=VALUE), "
+            f"not {other[0]!r}"
+        )
+    import_first(imports)
+    name = keys.pop("scenario", RunConfig().scenario)
+    options = {k.removeprefix("scenario."): v for k, v in keys.items()}
+    data = build_scenario(name, options, seed, data_dir)
+    path = export(data, out_path)
+    part = data.partition
+    sizes = {s: int(p.sizes().sum()) for s, p in part.splits.items()}
+    counts = ", ".join(f"{s} {n}" for s, n in sizes.items())
+    err.print(
+        f"wrote the index lists of {part.num_clients} clients of {part.dataset} ({counts}) "
+        f"to {escape(str(path))}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if json_:
+        print_json(
+            {
+                "path": str(path),
+                "scenario": name,
+                "seed": seed,
+                "dataset": part.dataset,
+                "pool": part.pool,
+                "clients": part.num_clients,
+                "indices": sizes,
+            }
+        )
 
 
 def main() -> None:

@@ -52,6 +52,9 @@ class RunConfig:
     compile: bool = False
     data_dir: str = ""
     tracking: list[str] = field(default_factory=list)  # "tensorboard", "mlflow" (fedshift.tracking)
+    # users' modules that register algorithms / scenarios / models (fedshift.plugins),
+    # imported when the config is resolved: module names, or paths to .py files
+    imports: list[str] = field(default_factory=list)
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     scenario_options: dict[str, Any] = field(default_factory=dict)
     model_options: dict[str, Any] = field(default_factory=dict)
@@ -102,8 +105,11 @@ class RunConfig:
         return self
 
     def flat(self) -> dict[str, Any]:
-        """The resolved config as dotted keys (what the run store records)."""
+        """The resolved config as dotted keys (what the run store records); ``imports`` only
+        when there are some, so runs without them keep the keys they always had."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if not k.endswith("_options")}
+        if not out["imports"]:
+            del out["imports"]
         for sec in SECTIONS:
             for k, v in getattr(self, f"{sec}_options").items():
                 out[f"{sec}.{k}"] = v
@@ -258,8 +264,13 @@ def load_source(source: str) -> dict[str, Any]:
 
 
 def resolve(source: str | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """The validated config of a preset or TOML file plus overrides; its ``imports`` are
+    imported here, so the names they register can be checked at once."""
+    from .plugins import import_modules
+
     cfg = RunConfig()
     if source:
         apply(cfg, load_source(source))
     apply(cfg, overrides or {})
+    cfg.imports = import_modules(cfg.imports)
     return cfg.validate()

@@ -20,6 +20,7 @@ from .engine.sgd import SGDConfig
 from .errors import FedshiftError
 from .models import build_model
 from .options import build_options
+from .plugins import import_modules
 
 
 @dataclass
@@ -62,6 +63,7 @@ def build_experiment(
     cfg: RunConfig, data: FederatedData | None = None, on_round=None
 ) -> Experiment:
     cfg.validate()
+    import_modules(cfg.imports)  # a no-op when resolve() did it; not so in a Flower worker
     alg_cls = ALGORITHMS.get(cfg.algorithm)
     hyper = build_options(alg_cls.Hyper, cfg.algorithm_options, "algorithm")
     faults = build_options(FaultOptions, cfg.faults_options, "faults")

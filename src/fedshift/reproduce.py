@@ -316,7 +316,9 @@ def run_table(
     from .api import resume as resume_api
     from .api import run as run_api
     from .data import build_scenario
+    from .plugins import import_modules
 
+    import_modules(table.run.get("imports"))  # a table of the user's own methods
     missing = missing_algorithms(table)
     if missing and not skip_missing:
         raise FedshiftError(

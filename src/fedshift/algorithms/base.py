@@ -115,10 +115,14 @@ class Algorithm(ABC):
     def predictor(self, server: Tree, state: Tree, cohort: Cohort) -> Prediction: ...
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm", group="fedshift.algorithms")
 
 
 def register_algorithm(name: str):
+    """Class decorator: register an :class:`Algorithm` under ``name`` (``algorithm=name``
+    in a config). Running the same definition again (a notebook cell) replaces it; another
+    class taking a registered name is an error."""
+
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         cls.name = name
         return ALGORITHMS.register(name)(cls)

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from .partition_file import ClientPartition
 
 
 @dataclass
@@ -90,6 +94,9 @@ class FederatedData:
     # how build_scenario made it: {"scenario", "options", "seed", "data_dir"}; None for
     # data assembled in Python
     recipe: dict | None = None
+    # which rows of a base dataset each client holds, for scenarios that only select rows
+    # (iid, dirichlet, pathological, from-partition): what `data export-partition` writes
+    partition: ClientPartition | None = None
 
     def __post_init__(self) -> None:
         n = self.train.num_clients
@@ -124,6 +131,7 @@ class FederatedData:
             self.participation,
             dict(self.info),
             self.recipe,
+            self.partition,
         )
 
     def fingerprint(self) -> str:

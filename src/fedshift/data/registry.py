@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..options import build_options
-from ..registry import Registry
+from ..registry import Registry, origin_of
 from .federated import FederatedData
 
 
@@ -19,14 +19,14 @@ class ScenarioEntry:
     help: str
 
 
-SCENARIOS: Registry[ScenarioEntry] = Registry("scenario")
+SCENARIOS: Registry[ScenarioEntry] = Registry("scenario", group="fedshift.scenarios")
 
 
 def register_scenario(name: str, options: type, help: str):
     """Register ``build(options, seed, data_dir) -> FederatedData`` under ``name``."""
 
     def deco(build):
-        SCENARIOS.register(name)(ScenarioEntry(build, options, help))
+        SCENARIOS.register(name, origin_of(build))(ScenarioEntry(build, options, help))
         return build
 
     return deco

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import build_options
-from ..registry import Registry
+from ..registry import Registry, origin_of
 from .base import FedModel
 
 
@@ -18,14 +18,14 @@ class ModelEntry:
     help: str
 
 
-MODELS: Registry[ModelEntry] = Registry("model")
+MODELS: Registry[ModelEntry] = Registry("model", group="fedshift.models")
 
 
 def register_model(name: str, options: type, help: str):
     """Register ``factory(options, input_shape, num_classes) -> FedModel`` under ``name``."""
 
     def deco(factory):
-        MODELS.register(name)(ModelEntry(factory, options, help))
+        MODELS.register(name, origin_of(factory))(ModelEntry(factory, options, help))
         return factory
 
     return deco

@@ -26,6 +26,7 @@ from ..emnist import SPLITS as EMNIST_SPLITS
 from ..emnist import load_emnist
 from ..federated import FederatedData, Split
 from ..idx import load_idx_dataset
+from ..partition_file import ClientPartition, labels_digest
 from ..registry import register_scenario
 
 DATASETS = ("mnist", "fmnist", "digits", "cifar10", "emnist")
@@ -134,7 +135,8 @@ def load_images(
     return load_idx_dataset(dataset, "train" if train else "test", data_dir, download)
 
 
-def _gather(x: torch.Tensor, y: torch.Tensor, part: P.Partition) -> Split:
+def gather(x: torch.Tensor, y: torch.Tensor, part: P.Partition) -> Split:
+    """The rows ``part`` names, as a split (uint8 pixels scaled to [0, 1])."""
     idx = torch.from_numpy(part.indices)
     xs = x[idx]
     xs = xs.float().div_(255.0) if xs.dtype == torch.uint8 else xs.float()
@@ -150,20 +152,32 @@ def _cap(n: int, samples: int, rng: np.random.Generator) -> np.ndarray:
     return np.arange(n)
 
 
-def _assemble(name, o, seed, x, y, train_part, test_x, test_y, test_part, info) -> FederatedData:
+def _assemble(
+    name, o, seed, x, y, train_part, test_x, test_y, test_part, info, pool="separate"
+) -> FederatedData:
+    """``pool``: what the test indices index — the official test set (``separate``), or
+    the training set (``train+test``: pathological tests on each client's own samples);
+    None when the pixels were transformed, so there is no partition to export."""
     train_part, val_part = P.split_fraction(
         train_part, o.val_fraction, P.make_rng(seed, f"{name}/val")
     )
+    parts = {"train": train_part, "val": val_part, "test": test_part}
+    sources = {"train": (x, y), "val": (x, y), "test": (test_x, test_y)}
+    splits = {k: gather(*sources[k], p) for k, p in parts.items()}
+    emnist = o.emnist_split if o.dataset == "emnist" else None
+    digests = {k: labels_digest(s.y) for k, s in splits.items()}
+    partition = None if pool is None else ClientPartition(o.dataset, parts, pool, emnist, digests)
     return FederatedData(
         name=name,
         num_classes=num_classes(o.dataset, o.emnist_split),
         input_shape=(1, *x.shape[1:]) if x.dim() == 3 else tuple(x.shape[1:]),
-        train=_gather(x, y, train_part),
-        test={"test": _gather(test_x, test_y, test_part)},
-        val={"val": _gather(x, y, val_part)},
+        train=splits["train"],
+        test={"test": splits["test"]},
+        val={"val": splits["val"]},
         default_model="fedavg-cnn" if o.dataset == "cifar10" else "mlp",
         participation=o.participation,
         info={"dataset": o.dataset, **info},
+        partition=partition,
     )
 
 
@@ -219,7 +233,10 @@ def build_pathological(o: PathologicalOptions, seed: int, data_dir: Path | None)
     info = {"test_set": "each client's own samples, split train/test per client"}
     if o.standardize:
         x = standardized(x[pool], x)
-    return _assemble("pathological", o, seed, x, y, train.remap(pool), x, y, test.remap(pool), info)
+    return _assemble(
+        "pathological", o, seed, x, y, train.remap(pool), x, y, test.remap(pool), info,
+        pool=None if o.standardize else "train+test",  # test: the clients' own samples
+    )  # fmt: skip
 
 
 def standardized(pooled: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
