@@ -29,9 +29,11 @@ def test_report_and_compare_from_the_run_store(tmp_path):
         for png in (
             "accuracy_per_env",
             "accuracy_per_round",
+            "loss_per_round",
             "accuracy_per_mb",
             "accuracy_per_client",
         ):
+            assert f"{png}.png" in text
             with Image.open(out / f"{png}.png") as im:
                 assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10
     res = runner.invoke(app, ["compare", *ids, "--db", str(db), "--out", str(tmp_path / "cmp")])
