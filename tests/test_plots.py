@@ -4,6 +4,7 @@ curve, and seeds drawn as mean ± std. The figures are inspected as matplotlib o
 
 from __future__ import annotations
 
+import json
 import math
 
 import matplotlib.pyplot as plt
@@ -12,7 +13,10 @@ from matplotlib.collections import PolyCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 from matplotlib.patches import PathPatch
 from matplotlib.ticker import MaxNLocator
+from typer.testing import CliRunner
 
+import fedshift as fs
+from fedshift.cli import app
 from fedshift.results.plots import (
     accuracy_curves_figure,
     clients_figure,
@@ -228,3 +232,28 @@ def test_loss_curve_plots_the_stored_losses_and_cuts_a_divergent_spike():
     assert list(lines[0].get_ydata()) == [2.3, 1.5, 1.0, 0.7, 0.5, 0.4]
     assert ax.get_yscale() == "log"  # losses spanning decades
     assert ax.get_ylim()[1] < 10 and "fedsdr reaches 1e+07" in ax.get_title()
+
+
+def test_report_and_compare_draw_loss_and_separate_incomparable_runs(tmp_path):
+    db = tmp_path / "runs.db"
+    common = dict(rounds=2, lr=0.1, batch_size=32, db=db)
+    shortcut = fs.run(algorithm="fedavg", scenario="digits-shortcut", **common).run_id
+    iid = fs.run(
+        algorithm="fedavg", scenario="iid", **{"scenario.dataset": "digits"}, **common
+    ).run_id
+    out = tmp_path / "cmp"
+    res = CliRunner().invoke(
+        app, ["compare", shortcut, iid, "--db", str(db), "--out", str(out), "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "note: these runs were tested on 2 different sets of environments" in text
+    summary = json.loads(res.output.strip().splitlines()[-1])
+    assert summary["environment_sets"] == [[shortcut], [iid]]
+    assert summary["plot"] == str(out / "accuracy_per_env.png")
+    names = sorted(p.rsplit("/", 1)[-1] for p in summary["plots"])
+    assert names == sorted(
+        ["accuracy_per_env.png", "accuracy_per_round.png", "loss_per_round.png"]
+        + ["accuracy_per_client.png"]
+    )
+    assert all((out / n).stat().st_size > 0 for n in names)
