@@ -257,3 +257,28 @@ def test_report_and_compare_draw_loss_and_separate_incomparable_runs(tmp_path):
         + ["accuracy_per_client.png"]
     )
     assert all((out / n).stat().st_size > 0 for n in names)
+
+
+def test_reproduction_plots_show_the_spread_over_seeds():
+    """The reproduce report's per-environment plot draws each method's seeds as mean ± std,
+    and the published-against-ours plot gives our numbers ±1 std error bars."""
+    from fedshift.eval.metrics import over_seeds
+    from fedshift.reproduce import Method, MethodResult, Table, published_figure, seed_series
+
+    results = []
+    for name, shift in (("FedAvg", 0.0), ("Local", -5.0)):
+        per_seed = [fake_run(f"{name}{k}", seed=k, shift=shift)["metrics"] for k in range(3)]
+        mean, std = over_seeds(per_seed)
+        method = Method(name, name.lower(), published={"worst": 10.0, "average": 50.0})
+        results.append(MethodResult(method, [], per_seed, mean, std, mean["per_env"]))
+    series = seed_series(results, "digits-shortcut")
+    assert series[0].label == "FedAvg (mean ± std of 3 seeds)"
+    (ax,) = visible(per_env_figure(series))
+    assert len([c for c in ax.collections if isinstance(c, PolyCollection)]) == 2
+    table = Table("t", "t", "s", ["worst", "average"], {}, [r.method for r in results])
+    (ax,) = published_figure(table, results).axes
+    bars = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    assert len(bars) == 2  # one a metric
+    (caps,) = bars[0].lines[2]  # the vertical error bars of "worst"
+    spans = sorted(seg[1][1] - seg[0][1] for seg in caps.get_segments())
+    assert spans == pytest.approx([2 * results[0].std["worst"], 2 * results[1].std["worst"]])
