@@ -282,3 +282,20 @@ def test_reproduction_plots_show_the_spread_over_seeds():
     (caps,) = bars[0].lines[2]  # the vertical error bars of "worst"
     spans = sorted(seg[1][1] - seg[0][1] for seg in caps.get_segments())
     assert spans == pytest.approx([2 * results[0].std["worst"], 2 * results[1].std["worst"]])
+
+
+def test_runs_on_data_built_in_python_are_seeds_only_of_the_same_data():
+    """A scenario rebuilds its data from the seed, so its fingerprint differs by seed; data
+    assembled in Python are the run's own, so runs on other data are not one series."""
+
+    def on(data: dict, seed: int, run_id: str) -> dict:
+        run = fake_run(run_id, seed=seed)
+        run["environment"] = {"data": data}
+        return run
+
+    scenario = [on({"source": "scenario", "fingerprint": f"f{k}"}, k, f"s{k}") for k in range(2)]
+    assert [len(s.runs) for s in series_of(scenario, run_label)] == [2]
+    python = [on({"source": "python", "fingerprint": f"f{k}"}, k, f"p{k}") for k in range(2)]
+    assert [len(s.runs) for s in series_of(python, run_label)] == [1, 1]
+    same = [on({"source": "python", "fingerprint": "f"}, k, f"q{k}") for k in range(2)]
+    assert [len(s.runs) for s in series_of(same, run_label)] == [2]

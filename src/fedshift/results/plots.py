@@ -75,6 +75,9 @@ class Series:
 
 def _identity(run: dict) -> str:
     cfg = {k: v for k, v in (run.get("config") or {}).items() if k not in NOT_IDENTITY}
+    data = (run.get("environment") or {}).get("data") or {}
+    if data.get("source") == "python":  # not rebuilt from the seed: its data are its own
+        cfg["data fingerprint"] = data.get("fingerprint")
     return json.dumps(cfg, sort_keys=True, default=str)
 
 
@@ -160,10 +163,10 @@ LINESTYLES = ["-", "--", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (8, 2)), (0, (3, 1, 
 
 
 def styles(n: int) -> list[dict]:
-    """A colour, line style and hollow marker per series, all distinct for ten series (and
-    no two series alike up to twelve); earlier series are drawn wider and with larger
-    markers, so a later one drawn on an equal curve leaves it visible around itself. Dotted
-    thin lines are kept for degenerate models."""
+    """A colour, line style and hollow marker per series: colours and markers differ up to
+    twelve series, line styles repeat after six. Earlier series are drawn wider and with
+    larger markers, so a later one drawn on an equal curve leaves it visible around itself.
+    Thin dotted lines are kept for degenerate models."""
     cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
     out = []
     for i in range(n):
@@ -282,7 +285,11 @@ def panels(n: int, width: float = 6.5, height: float = 4.2, cols: int = 1):
     ncols = cols if cols > 1 else min(n, 3)
     nrows = math.ceil(n * cols / ncols)
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(width * ncols, height * nrows + 0.6), squeeze=False
+        nrows,
+        ncols,
+        figsize=(width * ncols, height * nrows + 0.6),
+        squeeze=False,
+        layout="constrained",  # room for the legend below ("outside lower center")
     )
     flat = list(axes.flat)
     for ax in flat[n * cols :]:
@@ -321,7 +328,6 @@ def per_env_figure(series: list[Series], title: str | None = None) -> Figure:
     """Accuracy against the test environments, one panel per set of environments."""
     sets = env_sets(series)
     fig, axes = panels(len(sets))
-    fig.set_layout_engine("constrained")
     style = dict(zip(map(id, series), styles(len(series)), strict=True))
     for ax, (key, members) in zip(axes, sets, strict=True):
         draw_per_env(ax, members, [style[id(s)] for s in members])
@@ -421,7 +427,6 @@ def accuracy_curves_figure(series: list[Series], by: str) -> Figure:
     sets = env_sets(series)
     cols = 2 if any(len(key[2]) > 1 for key, _ in sets) else 1
     fig, axes = panels(len(sets), cols=cols, width=5.2)
-    fig.set_layout_engine("constrained")
     style = dict(zip(map(id, series), styles(len(series)), strict=True))
     for row, (key, members) in enumerate(sets):
         st = [style[id(s)] for s in members]
@@ -459,7 +464,6 @@ def loss_figure(series: list[Series]) -> Figure:
     the losses are positive and span a decade. One panel per set of test environments."""
     sets = env_sets(series)
     fig, axes = panels(len(sets))
-    fig.set_layout_engine("constrained")
     style = dict(zip(map(id, series), styles(len(series)), strict=True))
     for ax, (key, members) in zip(axes, sets, strict=True):
         labels = name_twins([s.label for s in members], curve_twins(members, "round", "loss"))
@@ -513,7 +517,7 @@ CLIENT_BARS_MAX = 20  # above this many clients a bar chart is unreadable: distr
 def clients_figure(runs: list[dict], labels: list[str]) -> Figure:
     """Each client's accuracy (mean over test environments) for every run: grouped bars up
     to CLIENT_BARS_MAX clients, above that one box per run (quartiles, whiskers at 1.5 IQR)
-    over the clients drawn as dots. Clients without test data are left out and counted."""
+    over the clients drawn as dots. Clients without test data are left out and named."""
     series = [Series(label, [run]) for run, label in zip(runs, labels, strict=True)]
     sets = env_sets(series)
     style = dict(zip(map(id, series), styles(len(series)), strict=True))
@@ -521,7 +525,6 @@ def clients_figure(runs: list[dict], labels: list[str]) -> Figure:
     bars = most <= CLIENT_BARS_MAX
     height = 4.2 if bars else max(3.0, 0.45 * max(len(m) for _, m in sets) + 1.4)
     fig, axes = panels(len(sets), height=height, width=7.0 if bars else 7.5)
-    fig.set_layout_engine("constrained")
     for ax, (key, members) in zip(axes, sets, strict=True):
         st = [style[id(s)] for s in members]
         values = [s.runs[0]["metrics"]["per_client"] for s in members]
