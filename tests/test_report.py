@@ -35,15 +35,17 @@ def test_report_and_compare_from_the_run_store(tmp_path):
         for png in (
             "accuracy_per_env",
             "accuracy_per_round",
+            "loss_per_round",
             "accuracy_per_mb",
             "accuracy_per_client",
         ):
+            assert f"{png}.png" in text
             with Image.open(out / f"{png}.png") as im:
                 assert im.size[0] > 300 and len(set(im.convert("L").getdata())) > 10
     page = (tmp_path / "html" / "report.html").read_text()
     assert "src='accuracy" not in page  # self-contained: every figure embedded
     embedded = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
-    assert len(embedded) == 4
+    assert len(embedded) == 5  # the four figures and the training loss (loss_per_round)
     for data in embedded:
         with Image.open(io.BytesIO(base64.b64decode(data))) as im:
             assert im.size[0] > 300

@@ -119,7 +119,7 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
     """Accuracy (%) per test environment, then worst, average and worst client; one column
     per run (environments are rows, so eleven of them still fit a terminal). With ``std``
     (one dict per column, same shape as the metrics) cells read ``mean ± std``."""
-    envs = next((list(m["per_env"]) for _, m in rows if m.get("per_env")), [])
+    envs = list(dict.fromkeys(e for _, m in rows for e in m["per_env"]))  # every run's
     table = Table(title=title)
     table.add_column("test environment")
     for name, m in rows:
@@ -598,11 +598,11 @@ def report(
 def compare(
     run_ids: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes)")],
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
-    out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
+    out_dir: Annotated[Path, typer.Option("--out", help="where the plots go")] = Path(
         "fedshift-compare"
     ),
     force: Annotated[
-        bool, typer.Option(help="overwrite a plot in --out that fedshift did not write")
+        bool, typer.Option(help="overwrite plots in --out that fedshift did not write")
     ] = False,
     json_: Annotated[
         bool, typer.Option("--json", help="last stdout line: the compared runs as JSON")
@@ -611,10 +611,14 @@ def compare(
         Path | None, typer.Option(help="also write the table as CSV: one row per run")
     ] = None,
 ) -> None:
-    """Several runs in one table (per test environment, worst, average) and one plot."""
+    """Several runs in one table (per test environment, worst, average) and plots: accuracy
+    per test environment, and accuracy and training loss over rounds. Runs tested on
+    different environments are plotted in separate panels; seeds of one configuration as
+    their mean ± std."""
     from .results.frames import comparison_frame
     from .results.partial import partial_sentence
-    from .results.report import claim_folder, load_runs, mark_written, plot_per_env, run_label
+    from .results.plots import env_set_key, env_sets_note, seed_group_note
+    from .results.report import COMPARE_FIGURES, claim_folder, load_runs, mark_written, run_label
     from .results.store import RunStore
 
     if not db.exists():
@@ -622,15 +626,22 @@ def compare(
     if csv is not None and csv.is_dir():
         raise FedshiftError(f"--csv {str(csv)!r} is a folder; give a file path")
     runs = load_runs(RunStore(db), run_ids)
-    claim_folder(out_dir, ["accuracy_per_env.png"], force)
+    names = [name for name, _ in COMPARE_FIGURES]
+    claim_folder(out_dir, names, force)
     table = summary_table("accuracy %", [(run_label(r), r["metrics"]) for r in runs])
     partial = partial_sentence(runs)
     if partial:
         table.caption = f"{table.caption}\n{partial}" if table.caption else partial
-    (err if json_ else out).print(table)
-    plot = plot_per_env(runs, out_dir / "accuracy_per_env.png")
-    (err if json_ else out).print(f"plot written to {escape(str(plot))}")
-    mark_written(out_dir, ["accuracy_per_env.png"])
+    say = err if json_ else out
+    say.print(table)
+    for note in (env_sets_note(runs), seed_group_note(runs)):
+        if note:
+            say.print(f"note: {escape(note)}")
+    plots = [str(fn(runs, out_dir / name)) for name, fn in COMPARE_FIGURES]
+    plot = plots[0]
+    for path in plots:
+        say.print(f"plot written to {escape(path)}")
+    mark_written(out_dir, names)
     if csv is not None:
         csv.parent.mkdir(parents=True, exist_ok=True)
         comparison_frame(runs).to_csv(csv, index=False)
@@ -638,7 +649,18 @@ def compare(
     if json_:
         keys = ("run_id", "algorithm", "scenario", "seed", "status", "config", "metrics", "partial")
         rows = [{"label": run_label(r), **{k: r[k] for k in keys}} for r in runs]
-        print_json({"runs": rows, "plot": str(plot), "csv": None if csv is None else str(csv)})
+        sets: dict[tuple, list[str]] = {}
+        for r in runs:
+            sets.setdefault(env_set_key(r), []).append(r["run_id"])
+        print_json(
+            {
+                "runs": rows,
+                "plot": plot,
+                "csv": None if csv is None else str(csv),
+                "plots": plots,
+                "environment_sets": list(sets.values()),
+            }
+        )
 
 
 @app.command(cls=OnceCommand)

@@ -587,7 +587,8 @@ def write_reproduction_report(
 ) -> Path:
     """``report.md`` (published beside ours, ordering comparison), a per-environment plot,
     a published-vs-ours plot, and the per-run report of results/report.py under runs/."""
-    from .results.report import FIGURES, _md_table, plot_per_env, write_report
+    from .results.plots import per_env_figure, save
+    from .results.report import FIGURES, _md_table, write_report
     from .results.store import RunStore
 
     out = Path(out_dir)
@@ -698,19 +699,12 @@ def write_reproduction_report(
     if skipped:
         parts.append(f"Skipped (algorithm not registered): {', '.join(skipped)}.")
 
-    # plots: our per-environment accuracy (mean over seeds), and published vs ours
-    pseudo = [
-        {
-            "algorithm": r.method.name,
-            "run_id": f"mean of {len(r.per_seed)} seed(s)",
-            "config": {},
-            "metrics": {"per_env": r.per_env_mean, "degenerate": r.degenerate},
-        }
-        for r in results
-    ]
-    plot_per_env(pseudo, out / "accuracy_per_env.png")
+    # plots: our per-environment accuracy (mean ± std over seeds), and published vs ours
+    save(per_env_figure(seed_series(results, settings["scenario"])), out / "accuracy_per_env.png")
     parts.append("## Accuracy per test environment\n\n![per environment](accuracy_per_env.png)")
-    if _plot_published(table, results, out / "published_vs_ours.png"):
+    published = published_figure(table, results)
+    if published is not None:
+        save(published, out / "published_vs_ours.png")
         parts.append("## Published against ours\n\n![published vs ours](published_vs_ours.png)")
     first_seed = [r.run_ids[0] for r in results]
     runs_report = write_report(RunStore(db), first_seed, out / "runs", "md")
@@ -727,7 +721,24 @@ def degenerate_mark(r: MethodResult) -> str:
     return " †degenerate" if r.degenerate else ""
 
 
-def _plot_published(table: Table, results: list[MethodResult], path: Path) -> bool:
+def seed_series(results: list[MethodResult], scenario: str) -> list:
+    """One plotted series per method: its seeds, drawn as their mean ± std."""
+    from .results.plots import Series
+
+    return [
+        Series(
+            r.method.name
+            + (f" (mean ± std of {len(r.per_seed)} seeds)" if len(r.per_seed) > 1 else "")
+            + degenerate_mark(r),
+            [{"scenario": scenario, "metrics": m} for m in r.per_seed],
+        )
+        for r in results
+    ]
+
+
+def published_figure(table: Table, results: list[MethodResult]):
+    """Published against our accuracy, ours with ±1 std over seeds; None if no method has
+    a published number."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -737,29 +748,41 @@ def _plot_published(table: Table, results: list[MethodResult], path: Path) -> bo
     drawn = False
     for metric, marker in zip(table.metrics, "os^", strict=False):
         pts = [
-            (r.method.published[metric], r.mean[metric], r.method.name + degenerate_mark(r))
+            (
+                r.method.published[metric],
+                r.mean[metric],
+                r.method.name + degenerate_mark(r),
+                r.std[metric] or 0.0,
+            )
             for r in results
             if metric in r.method.published and r.mean[metric] is not None
         ]
         if not pts:
             continue
         drawn = True
-        ax.scatter([p for p, _, _ in pts], [o for _, o, _ in pts], marker=marker, label=metric)
+        # ours: mean over seeds, error bar ±1 std
+        label = f"{metric} (ours: mean ± std over seeds)"
+        ax.errorbar(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            yerr=[p[3] for p in pts],
+            fmt=marker,
+            capsize=3,
+            label=label,
+        )
         # neighbours (sorted by position) alternate above / below so close labels stay legible
-        for i, (p, o, name) in enumerate(sorted(pts)):
+        for i, (p, o, name, _) in enumerate(sorted(pts)):
             dy = 3 if i % 2 == 0 else -9
             ax.annotate(name, (p, o), fontsize=7, xytext=(3, dy), textcoords="offset points")
     if not drawn:
         plt.close(fig)
-        return False
+        return None
     ax.plot([0, 100], [0, 100], ":", color="grey")
     ax.set(xlabel="published accuracy (%)", ylabel="our accuracy (%)", xlim=(0, 100), ylim=(0, 100))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def summary(table: Table, results: list[MethodResult], skipped, comparison, report) -> dict:

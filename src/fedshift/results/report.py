@@ -9,17 +9,22 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 from ..errors import FedshiftError  # noqa: E402
 from . import html_page as page_html  # noqa: E402
 from .logged import OPTIONAL_FIGURES, event_rows  # noqa: E402
 from .partial import partial_note, partial_sentence, with_last_evaluation  # noqa: E402
-from .plots import _env_x  # noqa: E402
+from .plots import (  # noqa: E402
+    DEGENERATE,
+    accuracy_curves_figure,
+    clients_figure,
+    loss_figure,
+    per_env_figure,
+    save,
+    series_of,
+)
 from .provenance import config_rows, environment_rows  # noqa: E402
 from .store import RunStore  # noqa: E402
-
-DEGENERATE = " †degenerate"
 
 
 def run_label(run: dict) -> str:
@@ -54,89 +59,24 @@ def env_names(runs: list[dict]) -> list[str]:
     return next((list(r["metrics"]["per_env"]) for r in runs if r["metrics"]["per_env"]), [])
 
 
-def _axes(series: int):
-    """A figure whose colour cycle has a distinct colour per line: matplotlib's default
-    repeats after ten, which made two methods of a 12-row table look alike."""
-    fig, ax = plt.subplots(figsize=(7, 5))
-    if series > 10:
-        cmap = plt.get_cmap("tab20")
-        ax.set_prop_cycle(color=[cmap(i % 20) for i in range(series)])
-    return fig, ax
-
-
-def _legend_below(ax) -> None:
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
 def plot_per_env(runs: list[dict], path: Path) -> Path:
-    """Accuracy against the test-environment parameter; oracle runs dashed."""
-    fig, ax = _axes(len(runs))
-    for run in runs:
-        per_env = run["metrics"]["per_env"]
-        if not per_env:  # an unfinished run never evaluated
-            continue
-        x, numeric = _env_x(list(per_env))
-        style = "--" if run["config"].get("scenario.oracle") else "-"
-        bad = bool(run["metrics"].get("degenerate"))  # a one-class model: dotted, crosses
-        style, marker = (":", "x") if bad else (style, "o")
-        ax.plot(x, list(per_env.values()), style, marker=marker, label=run_label(run))
-        analytic = (run.get("environment") or {}).get("oracle_accuracy")
-        if analytic is not None:  # e.g. scm: the Bayes classifier on the causal latents
-            ax.axhline(analytic, ls="--", color="k", lw=1, label="analytic oracle")
-    names = env_names(runs)
-    x, numeric = _env_x(names)
-    if not numeric:
-        ax.set_xticks(x, names, rotation=30, ha="right")
-    ax.set(xlabel="test environment", ylabel="test accuracy (%)", ylim=(0, 100))
-    ax.grid(alpha=0.3)
-    if names:
-        _legend_below(ax)
-    else:
-        ax.text(0.5, 0.5, "no evaluation yet", ha="center", transform=ax.transAxes)
-    return _save(fig, path)
+    """Accuracy against the test environments (results/plots.py says how it is drawn)."""
+    return save(per_env_figure(series_of(runs, run_label)), path)
 
 
 def plot_over_training(runs: list[dict], path: Path, by: str) -> Path:
-    """Average (solid) and worst (dotted) accuracy against rounds or communicated MB."""
-    fig, ax = _axes(len(runs))
-    for run in runs:
-        xs, avg, worst, total = [], [], [], 0
-        for r in run["round_metrics"]:
-            total += r["bytes_up"] + r["bytes_down"]
-            if r["metrics"]:
-                xs.append(r["round"] if by == "round" else total / 1e6)
-                avg.append(r["metrics"]["average"])
-                worst.append(r["metrics"]["worst"])
-        (line,) = ax.plot(xs, avg, marker=".", label=f"{run_label(run)} average")
-        ax.plot(xs, worst, ":", color=line.get_color(), label=f"{run_label(run)} worst")
-    ax.set(
-        xlabel="round" if by == "round" else "communicated MB (up + down)",
-        ylabel="test accuracy (%)",
-        ylim=(0, 100),
-    )
-    ax.grid(alpha=0.3)
-    _legend_below(ax)
-    return _save(fig, path)
+    """Average and worst accuracy against rounds or communicated MB."""
+    return save(accuracy_curves_figure(series_of(runs, run_label), by), path)
+
+
+def plot_loss(runs: list[dict], path: Path) -> Path:
+    """Training loss against rounds."""
+    return save(loss_figure(series_of(runs, run_label)), path)
 
 
 def plot_per_client(runs: list[dict], path: Path) -> Path:
-    fig, ax = _axes(len(runs))
-    width = 0.8 / len(runs)
-    for i, run in enumerate(runs):
-        vals = [v if v is not None else 0.0 for v in run["metrics"]["per_client"]]
-        ax.bar([c + i * width for c in range(len(vals))], vals, width, label=run_label(run))
-    n = max(len(r["metrics"]["per_client"]) for r in runs)
-    ax.set_xticks([c + 0.4 - width / 2 for c in range(n)], [str(c) for c in range(n)])
-    ax.set(xlabel="client", ylabel="accuracy, mean over test envs (%)", ylim=(0, 100))
-    _legend_below(ax)
-    return _save(fig, path)
+    """Per-client accuracy: bars for a few clients, distributions for many."""
+    return save(clients_figure(runs, [run_label(r) for r in runs]), path)
 
 
 def _fmt(v) -> str:
@@ -178,6 +118,7 @@ FIGURES = [
         "Accuracy over rounds",
         lambda r, p: plot_over_training(r, p, "round"),
     ),
+    ("loss_per_round.png", "Training loss over rounds", plot_loss),
     (
         "accuracy_per_mb.png",
         "Accuracy against communication",
@@ -185,6 +126,8 @@ FIGURES = [
     ),
     ("accuracy_per_client.png", "Accuracy per client", plot_per_client),
 ]
+# what `fedshift compare` draws: the per-environment plot first (its JSON "plot")
+COMPARE_FIGURES = [(name, fn) for name, _, fn in FIGURES if name != "accuracy_per_mb.png"]
 
 
 MARKER = ".fedshift-report"  # in a report folder: the files fedshift wrote there, one a line
