@@ -63,3 +63,20 @@ def test_compare_guards_its_plot_and_a_file_as_out_is_refused(tmp_path):
     assert res.exit_code == 0, res.output  # now it is ours
     res = runner.invoke(app, ["report", a, "--db", str(db), "--out", str(db)])
     assert res.exit_code == 2 and "is a file" in res.output and "Traceback" not in res.output
+
+
+def test_demo_refuses_a_users_plot_before_training(tmp_path, monkeypatch):
+    """``fedshift demo --out`` guards its plot like report and compare, and says so before
+    minutes of training (run_demo is never reached)."""
+    import fedshift.demo
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("trained before checking --out")
+
+    monkeypatch.setattr(fedshift.demo, "run_demo", must_not_train)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "accuracy_per_env.png").write_bytes(b"not ours")
+    res = runner.invoke(app, ["demo", "--out", str(out), "--db", str(tmp_path / "r.db")])
+    assert res.exit_code == 2 and "did not write" in " ".join(res.output.split())
+    assert (out / "accuracy_per_env.png").read_bytes() == b"not ours"

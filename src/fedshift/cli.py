@@ -672,11 +672,18 @@ def demo(
     db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
     rounds: Annotated[int, typer.Option(help="rounds per method")] = 30,
     seed: Annotated[int, typer.Option(help="run seed")] = 0,
+    force: Annotated[
+        bool, typer.Option(help="overwrite a plot in --out that fedshift did not write")
+    ] = False,
 ) -> None:
     """Offline demo: methods on digits with a planted colour shortcut, table and plot."""
     from .demo import caveats, run_demo
+    from .results.report import claim_folder, mark_written
 
+    names = ["accuracy_per_env.png"]
+    claim_folder(out_dir, names, force)  # before minutes of training, not after
     rows, plot = run_demo(out_dir, db, rounds, seed, progress=progress_bar)
+    mark_written(out_dir, names)
     out.print(
         summary_table("digits-shortcut: client-averaged test accuracy % per environment", rows)
     )
