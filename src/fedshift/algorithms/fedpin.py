@@ -39,14 +39,8 @@ from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy, squared_distance
-from .common.proximal import report_as
-from .common.representation import (
-    contrastive_loss,
-    feature_variance,
-    features,
-    head,
-    one_hot,
-)
+from .common.proximal import prox_solve, report_as
+from .common.representation import contrastive_loss, feature_variance, features, head
 
 SHARED_AUX = ("aux.weight", "aux.bias")
 CLIENT_AUX = ("aux.client_weight", "aux.client_bias")  # row u belongs to client u
@@ -86,16 +80,20 @@ class FedPINHyper:
 
 
 def fit_linear(z, y, w, weight, bias, steps: int, lr: float):
-    """``steps`` of gradient descent on the w-weighted softmax cross-entropy of a linear
-    layer over fixed features z, from (weight, bias): ω_a moved towards its argmin for the
-    current Φ_g, as Prop. 5.4.1 defines it. Closed-form gradients, so it runs under vmap
-    and carries no graph."""
-    target = one_hot(y, weight.shape[0], z.dtype)
-    scale = w[:, None] / w.sum().clamp(min=1.0)
-    for _ in range(steps):
-        g = (torch.softmax(F.linear(z, weight, bias), -1) - target) * scale
-        weight, bias = weight - lr * g.T @ z, bias - lr * g.sum(0)
-    return weight, bias
+    """``steps`` of gradient descent on the w-weighted cross-entropy of a linear layer over
+    fixed features z, from (weight, bias): ω_a moved towards its argmin for the current
+    Φ_g, as Prop. 5.4.1 defines it (prox_solve with no proximal pull; no graph kept)."""
+    if steps == 0:
+        return weight, bias
+    fitted = prox_solve(
+        lambda t: cross_entropy(F.linear(z, t["weight"], t["bias"]), y, w),
+        {"weight": weight, "bias": bias},
+        {},
+        0.0,
+        lr,
+        steps,
+    )
+    return fitted["weight"], fitted["bias"]
 
 
 @register_algorithm("fedpin")
