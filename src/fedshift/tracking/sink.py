@@ -4,6 +4,7 @@ as flat ``name → number`` maps, each round written once."""
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 ROUND_KEYS = ("loss", "val", "bytes_up", "bytes_down", "time_s")
@@ -39,7 +40,7 @@ def final_table(metrics: dict[str, Any]) -> str:
     return "\n".join(lines + [f"| {e} | {cell(v)} |" for e, v in rows])
 
 
-class Sink:
+class Sink(ABC):
     """One tracker's view of one run; ``last`` is the last round it holds, so a round
     replayed after a resume (the checkpoint lags the store) is not written again."""
 
@@ -52,11 +53,14 @@ class Sink:
         self.write_round(record["round"], round_scalars(record))
         self.last = record["round"]
 
+    @abstractmethod
     def write_round(self, step: int, scalars: dict[str, float]) -> None:
-        raise NotImplementedError
+        """Write one round's scalars at step ``step``."""
 
+    @abstractmethod
     def finish(self, metrics: dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Write the run's final metrics and per-environment table."""
 
+    @abstractmethod
     def close(self, status: str) -> None:
-        raise NotImplementedError
+        """End the tracker's run with the fedshift status (done, interrupted, failed …)."""
