@@ -192,7 +192,7 @@ def run(
     """Run one experiment (or one per seed) and record it in the run store."""
     from .api import run as run_api
     from .api import seeds_summary
-    from .config import add_options, parse_seeds, parse_set, resolve
+    from .config import add_options, command_configs, parse_set
 
     specs = import_first(imports)  # with --resume: besides the run's recorded imports
     if resume is not None:
@@ -204,8 +204,9 @@ def run(
             )
         changes = add_options(parse_set(set_ or []), {"rounds": rounds})
         return _resume(resume, db, json_, data_dir, changes)
-    overrides = add_options(
-        parse_set(set_ or []),
+    configs = command_configs(
+        source,
+        set_,
         {
             "rounds": rounds,
             "seed": seed,
@@ -214,13 +215,10 @@ def run(
             "data_dir": data_dir,
             "imports": specs,
         },
+        seeds,
     )
-    seed_list = parse_seeds(seeds) if seeds is not None else [None]
-    if seeds is not None and "seed" in overrides:
-        raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
     outcomes = []
-    for s in seed_list:
-        cfg = resolve(source, overrides if s is None else {**overrides, "seed": s})
+    for cfg in configs:
         label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed})"
         progress, on_round = progress_bar(cfg.rounds, label)
         try:

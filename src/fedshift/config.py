@@ -215,6 +215,21 @@ def add_options(overrides: dict[str, Any], options: dict[str, Any]) -> dict[str,
     return out
 
 
+def command_configs(
+    source: Any, set_items: list[str] | None, options: dict[str, Any], seeds: str | None
+) -> list[RunConfig]:
+    """The configs one command line asks for (``fedshift run`` and ``flower run``): its
+    ``--set`` items plus its own options (:func:`add_options`), one config per ``--seeds``
+    entry, or one with the config's seed."""
+    overrides = add_options(parse_set(set_items or []), options)
+    seed_list = parse_seeds(seeds) if seeds is not None else [None]
+    if seeds is not None and "seed" in overrides:
+        raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
+    return [
+        resolve(source, overrides if s is None else {**overrides, "seed": s}) for s in seed_list
+    ]
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"0,1,2"`` → ``[0, 1, 2]``; one clear sentence for anything else."""
     try:

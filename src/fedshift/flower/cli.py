@@ -95,7 +95,7 @@ def _run(
     round_timeout,
 ) -> None:  # fmt: skip
     from ..api import seeds_summary
-    from ..config import add_options, parse_seeds, parse_set, resolve
+    from ..config import command_configs
     from . import require_flower
 
     if simulation == deployment:
@@ -105,8 +105,9 @@ def _run(
             "--superlink/--address/--root-certificates/--insecure need --deployment"
         )
     require_flower()
-    overrides = add_options(
-        parse_set(set_ or []),
+    configs = command_configs(
+        source,
+        set_,
         {
             "rounds": rounds,
             "seed": seed,
@@ -114,13 +115,8 @@ def _run(
             "device": device,
             "data_dir": data_dir,
         },
+        seeds,
     )
-    seed_list = parse_seeds(seeds) if seeds is not None else [None]
-    if seeds is not None and "seed" in overrides:
-        raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
-    configs = [
-        resolve(source, overrides if s is None else {**overrides, "seed": s}) for s in seed_list
-    ]
     _validate(configs)
     progress = _Progress(cli, configs, "Flower " + ("simulation" if simulation else "deployment"))
     try:
