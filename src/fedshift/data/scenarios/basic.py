@@ -37,6 +37,15 @@ def num_classes(dataset: str, emnist_split: str = "balanced") -> int:
     return EMNIST_SPLITS[emnist_split][0] if dataset == "emnist" else NUM_CLASSES
 
 
+def require_split_options(val_fraction: float, participation: float) -> None:
+    """The checks every image scenario with a validation share and a participation makes."""
+    require(0.0 <= val_fraction < 1.0, f"scenario.val_fraction={val_fraction} must lie in [0, 1)")
+    require(
+        0.0 < participation <= 1.0,
+        f"scenario.participation={participation} must lie in (0, 1]",
+    )
+
+
 @dataclass
 class _ImageOptions:
     dataset: str = opt(
@@ -54,14 +63,7 @@ class _ImageOptions:
     def __post_init__(self) -> None:
         require(self.clients >= 1, f"scenario.clients={self.clients} must be at least 1")
         require(self.samples >= 0, f"scenario.samples={self.samples} must be 0 (all) or more")
-        require(
-            0.0 <= self.val_fraction < 1.0,
-            f"scenario.val_fraction={self.val_fraction} must lie in [0, 1)",
-        )
-        require(
-            0.0 < self.participation <= 1.0,
-            f"scenario.participation={self.participation} must lie in (0, 1]",
-        )
+        require_split_options(self.val_fraction, self.participation)
 
 
 @dataclass

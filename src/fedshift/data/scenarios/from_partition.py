@@ -23,7 +23,7 @@ from .. import partition as P
 from ..federated import FederatedData
 from ..partition_file import ClientPartition, labels_digest, read_partition
 from ..registry import register_scenario
-from .basic import DATASETS, gather, load_images, num_classes
+from .basic import DATASETS, gather, load_images, num_classes, require_split_options
 
 
 @dataclass
@@ -42,14 +42,7 @@ class FromPartitionOptions:
             self.dataset in ("", *DATASETS),
             f"scenario.dataset={self.dataset!r} is not one of: {', '.join(DATASETS)}",
         )
-        require(
-            0.0 <= self.val_fraction < 1.0,
-            f"scenario.val_fraction={self.val_fraction} must lie in [0, 1)",
-        )
-        require(
-            0.0 < self.participation <= 1.0,
-            f"scenario.participation={self.participation} must lie in (0, 1]",
-        )
+        require_split_options(self.val_fraction, self.participation)
 
 
 def _dataset(part: ClientPartition, o: FromPartitionOptions, where: str) -> str:
