@@ -7,6 +7,11 @@ autograd and the standard ``torch.optim.SGD``, and minibatches served by a
 * :func:`classic_fedavg_round` — a self-contained FedAvg round (W1, W2): copy the global
   module for each client, shuffle its data with a seeded ``DataLoader``, train, average the
   state dicts with weights ``n_i``. It shares no code with fedshift's engine.
+* :func:`pfllib_evaluate` — the evaluation PFLlib's server runs every round (``eval_gap =
+  1``): each client's test accuracy and its training loss, client by client, through
+  ``DataLoader`` batches of the training batch size (``clientbase.test_metrics`` and
+  ``train_metrics``). With :func:`classic_fedavg_round` it is the round a user of a
+  per-client-loop library pays for (W2-cli).
 * :class:`SequentialTrainer` — a drop-in for fedshift's ``LocalTrainer`` (W3): any
   algorithm's own per-client loss function is run client by client with autograd on that
   client's module, so methods with several objectives (FedPIN, Ditto) are measured against
@@ -66,6 +71,28 @@ def classic_fedavg_round(
         avg[k] = mix.to(first.dtype)
     global_model.load_state_dict(avg)
     return sum(w / tot * loss for w, loss in zip(weights, losses, strict=True))
+
+
+@torch.no_grad()
+def pfllib_evaluate(model: nn.Module, data: FederatedData, ids: list[int], batch_size: int):
+    """Test accuracy (percent, Σ correct / Σ samples) and training loss (per sample) of the
+    global model over every client, one client and one ``DataLoader`` at a time."""
+    model.eval()
+    correct = seen = 0
+    loss_sum = loss_n = 0.0
+    for cid in ids:
+        for split, is_test in ((next(iter(data.test.values())), True), (data.train, False)):
+            x, y = split.client(cid)
+            for xb, yb in DataLoader(TensorDataset(x, y), batch_size=batch_size):
+                out = model(xb)
+                if is_test:
+                    correct += int((out.argmax(1) == yb).sum())
+                    seen += len(yb)
+                else:
+                    loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+                    loss_n += len(yb)
+    model.train()
+    return 100.0 * correct / max(seen, 1), loss_sum / max(loss_n, 1)
 
 
 class _Rows(TensorDataset):

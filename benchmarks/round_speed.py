@@ -5,8 +5,11 @@
 
 W1  FedAvg, MLP 784-100-10, MNIST, 20 clients, Dirichlet α = 0.1 (per-class), batch 10,
     1 local epoch, lr 0.005, full participation; reference: ``classic_fedavg_round``.
-W2  the same with the FedAvg CNN (``--quick`` and the default cap MNIST to fewer images,
-    since one reference round on all 54k images takes minutes on 2 cores).
+W2  the same with the FedAvg CNN: the whole of MNIST by default, ``--quick`` 1,000 images.
+W2-cli  W2 as ``fedshift run`` goes: a round plus its evaluation of every client (the
+    store, checkpoint and progress bar are measured by ``cli_overhead.py``); reference: the
+    same round plus PFLlib's per-round evaluation (``pfllib_evaluate``: test accuracy and
+    training loss of every client).
 W3  FedPIN and Ditto on ``cmnist``: 80 clients at rate 0.1, and 8 clients at full
     participation; reference: the same algorithm with ``SequentialTrainer`` (each client's
     own loss, one module per client, autograd, torch.optim.SGD, DataLoader batches).
@@ -41,7 +44,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import SequentialTrainer, classic_fedavg_round  # noqa: E402
+from reference import SequentialTrainer, classic_fedavg_round, pfllib_evaluate  # noqa: E402
 
 import fedshift as fs  # noqa: E402
 from fedshift.algorithms import ALGORITHMS  # noqa: E402
@@ -117,8 +120,23 @@ def dirichlet_mnist(samples: int):
     )
 
 
+def chosen(runner) -> dict:
+    """What ``execution = auto`` timed and chose (objective -> mode and ms per client-step)."""
+    made = runner.ctx.trainer.choices.made
+    return {
+        k: [c.mode, round(c.batched_s * 1e3, 3), round(c.sequential_s * 1e3, 3)]
+        for k, c in made.items()
+    }
+
+
 def fedavg_workload(
-    model: str, options: dict, samples: int, rounds: int, compile_: bool = False
+    model: str,
+    options: dict,
+    samples: int,
+    rounds: int,
+    compile_: bool = False,
+    execution: str = "auto",
+    evaluate: bool = False,
 ) -> dict:
     data = dirichlet_mnist(samples)
     cfg = fs.make_config(
@@ -132,6 +150,7 @@ def fedavg_workload(
         participation=1.0,
         seed=SEED,
         compile=compile_,
+        execution=execution,
     )
     runner = build_experiment(cfg, data=data).runner
     ref_model = build_experiment(cfg, data=data).ctx.model  # same seeded initial weights
@@ -141,10 +160,16 @@ def fedavg_workload(
         classic_fedavg_round(
             ref_model, data, ids, lr=LR, batch_size=BATCH, epochs=EPOCHS, seed=SEED, round_=r
         )
+        if evaluate:
+            pfllib_evaluate(ref_model, data, ids, BATCH)
 
-    out = pairs(
-        runner.train_round, ref_round, rounds, between=mm_gflops if model == "mlp" else None
-    )
+    def fs_round(r: int) -> None:
+        runner.train_round(r)
+        if evaluate:
+            runner.evaluate(r)
+
+    out = pairs(fs_round, ref_round, rounds, between=mm_gflops if model == "mlp" else None)
+    out["execution"] = chosen(runner)
     out["clients"] = data.num_clients
     out["samples"] = int(data.train.sizes().sum())
     out["client_steps"] = int(sum(-(-int(n) // BATCH) for n in data.train.sizes()))
@@ -164,7 +189,13 @@ def fedavg_workload(
 
 
 def w3_case(
-    algorithm: str, clients: int, rate: float, samples: int, rounds: int, compile_: bool = False
+    algorithm: str,
+    clients: int,
+    rate: float,
+    samples: int,
+    rounds: int,
+    compile_: bool = False,
+    execution: str = "auto",
 ) -> dict:
     data = fs.scenario("cmnist", clients=clients, samples=samples, seed=SEED)
     cfg = fs.make_config(
@@ -176,12 +207,14 @@ def w3_case(
         participation=rate,
         seed=SEED,
         compile=compile_,
+        execution=execution,
     )
     runner = build_experiment(cfg, data=data).runner
     ref = build_experiment(cfg, data=data)
     ref.ctx.trainer = SequentialTrainer(ref.ctx.model)
     out = pairs(runner.train_round, ref.runner.train_round, rounds)
     out["clients"], out["per_round"], out["model"] = clients, runner.k, type(ref.ctx.model).__name__
+    out["execution"] = chosen(runner)
     return out
 
 
@@ -195,7 +228,10 @@ def main() -> None:
         action="store_true",
         help="OMP_WAIT_POLICY=PASSIVE: use when other processes compete for the cores",
     )
-    ap.add_argument("--only", default="w1,w2,w3")
+    ap.add_argument("--only", default="w1,w2,w2-cli,w3")
+    ap.add_argument(
+        "--execution", default="auto", help="fedshift's execution: auto, batched or sequential"
+    )
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 2 quick, 5 full)")
     ap.add_argument(
         "--compile",
@@ -212,19 +248,24 @@ def main() -> None:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "quick": args.quick,
         "compile": args.compile,
+        "execution": args.execution,
         "rounds": rounds,
     }
+    ex = args.execution
     if "w1" in only:
-        res["w1"] = fedavg_workload("mlp", {"hidden": [100]}, 0, rounds, args.compile)
+        res["w1"] = fedavg_workload("mlp", {"hidden": [100]}, 0, rounds, args.compile, ex)
+    w2_samples = 1000 if args.quick else 0
     if "w2" in only:
-        res["w2"] = fedavg_workload(
-            "fedavg-cnn", {}, 1000 if args.quick else 5000, rounds, args.compile
+        res["w2"] = fedavg_workload("fedavg-cnn", {}, w2_samples, rounds, args.compile, ex)
+    if "w2-cli" in only:
+        res["w2-cli"] = fedavg_workload(
+            "fedavg-cnn", {}, w2_samples, rounds, args.compile, ex, evaluate=True
         )
     if "w3" in only:
-        algs = [a for a in ("fedpin", "ditto") if a in ALGORITHMS]
+        algs = [a for a in ("fedpin", "ditto", "fedsdr", "pfedme", "scaffold") if a in ALGORITHMS]
         samples = 4000 if args.quick else 0
         res["w3"] = {
-            f"{a}.{n}x{rate:g}": w3_case(a, n, rate, samples, rounds, args.compile)
+            f"{a}.{n}x{rate:g}": w3_case(a, n, rate, samples, rounds, args.compile, ex)
             for a in algs
             for n, rate in ((80, 0.1), (8, 1.0))
         }

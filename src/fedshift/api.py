@@ -325,6 +325,7 @@ def _open_tracking(store, run_id, config: dict, base: Path, stored: list[dict]):
 # or model it trains; plus ``faults.max_norm`` and ``algorithm.<option>`` for the method's
 # float options (step sizes, penalty weights). See docs/reliability.md.
 RESUME_KEYS = (
+    "threads",
     "lr",
     "momentum",
     "weight_decay",

@@ -183,6 +183,10 @@ def run(
         str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
     ] = None,
     data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(help="intra-op threads (default: the cores; 1 on a busy shared machine)"),
+    ] = None,
     resume: Annotated[
         str | None,
         typer.Option(help="continue an interrupted run (RUN_ID or a unique prefix of it)"),
@@ -202,7 +206,7 @@ def run(
                 "--resume continues a run with its recorded config; give only --db, --json, "
                 "--data-dir, and --set / --rounds for the keys a resume may change"
             )
-        changes = add_options(parse_set(set_ or []), {"rounds": rounds})
+        changes = add_options(parse_set(set_ or []), {"rounds": rounds, "threads": threads})
         return _resume(resume, db, json_, data_dir, changes)
     configs = command_configs(
         source,
@@ -213,6 +217,7 @@ def run(
             "cohort_size": cohort_size,
             "device": device,
             "data_dir": data_dir,
+            "threads": threads,
             "imports": specs,
         },
         seeds,

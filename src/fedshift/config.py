@@ -22,6 +22,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
+from .engine.execution import EXECUTIONS
 from .errors import FedshiftError, did_you_mean
 from .options import _convert, build_options, require
 from .tracking import TrackingOptions, check_trackers
@@ -50,6 +51,9 @@ class RunConfig:
     checkpoint_every: int = 10  # rounds between checkpoints (0 = only at the end / on stop)
     device: str = "auto"  # cuda if available, else mps, else cpu (resolved when run)
     compile: bool = False
+    # local steps: batched over the cohort, client after client, or auto (timed, the faster)
+    execution: str = "auto"
+    threads: int = 0  # intra-op threads of this process (0 = PyTorch's default, the cores)
     data_dir: str = ""
     tracking: list[str] = field(default_factory=list)  # "tensorboard", "mlflow" (fedshift.tracking)
     # users' modules that register algorithms / scenarios / models (fedshift.plugins),
@@ -98,6 +102,15 @@ class RunConfig:
         require(
             self.device in ("auto", "cpu", "mps") or self.device.startswith("cuda"),
             f"device {self.device!r} is not supported; use auto, cpu, cuda, cuda:N or mps",
+        )
+        require(
+            0 <= self.threads <= 4096,
+            f"threads must lie in 0..4096 (0 = PyTorch's default), got {self.threads}",
+        )
+        require(
+            self.execution in EXECUTIONS,
+            f"execution {self.execution!r} is not one of {', '.join(EXECUTIONS)} (auto times "
+            "both on the first step and keeps the faster)",
         )
         self.tracking = list(dict.fromkeys(t.strip() for t in self.tracking if t.strip()))
         check_trackers(self.tracking)

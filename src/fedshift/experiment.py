@@ -68,6 +68,8 @@ def build_experiment(
     hyper = build_options(alg_cls.Hyper, cfg.algorithm_options, "algorithm")
     faults = build_options(FaultOptions, cfg.faults_options, "faults")
     device = resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     if data is None:
         data = build_scenario(cfg.scenario, cfg.scenario_options, cfg.seed, cfg.data_dir or None)
     data = data.to(device)
@@ -87,7 +89,7 @@ def build_experiment(
         batch_size=cfg.batch_size,
         local_epochs=None if cfg.local_steps else cfg.local_epochs,
         local_steps=cfg.local_steps or None,
-        trainer=LocalTrainer(model, compile=cfg.compile),
+        trainer=LocalTrainer(model, compile=cfg.compile, execution=cfg.execution),
         initial_params=params,
         initial_buffers=buffers,
     )

@@ -86,7 +86,10 @@ class DFL(Algorithm):
     def __init__(self, hyper, ctx) -> None:
         super().__init__(hyper, ctx)
         net = TwoBranch(ctx.model, ctx.data.num_classes, seed=ctx.seed + 1)
-        ctx.model, ctx.trainer = net, LocalTrainer(net, compile=ctx.trainer.compile)
+        ctx.model, ctx.trainer = (
+            net,
+            LocalTrainer(net, compile=ctx.trainer.compile, execution=ctx.trainer.execution),
+        )
         ctx.initial_params = {k: v.detach().clone() for k, v in net.named_parameters()}
         ctx.initial_buffers = {k: v.detach().clone() for k, v in net.named_buffers()}
         self.net = net
@@ -146,7 +149,7 @@ class DFL(Algorithm):
 
     # ---- eq. (8): the client loss -------------------------------------------------------
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        net = self.net
+        net = self.ctx.model  # self.net, or this client-group thread's copy
         zc = functional_call(
             net.extractor.invariant, (strip_prefix(params, INV), strip_prefix(buffers, INV)), (x,)
         )
@@ -164,7 +167,7 @@ class DFL(Algorithm):
             terms = []
             for j in range(mask.shape[0]):
                 zj = functional_call(
-                    self.frozen_specific,
+                    self.ctx.module(self.frozen_specific),
                     ({k: v[j] for k, v in dp.items()}, {k: v[j] for k, v in db.items()}),
                     (x,),
                 )
@@ -181,7 +184,7 @@ class DFL(Algorithm):
             critic_s, zs.detach(), zc_d, w
         )
         zg = functional_call(
-            self.frozen_invariant,
+            self.ctx.module(self.frozen_invariant),
             (strip_prefix(extras, "global/p/" + INV), strip_prefix(extras, "global/b/" + INV)),
             (x,),
         )

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from torch.func import grad, jvp
 
+from ..engine.execution import single_threaded
 from ..engine.sgd import SGDConfig
 from ..engine.tree import Tree, stack
 from ..options import opt, require
@@ -72,6 +73,7 @@ class PerFedAvg(GlobalModelAlgorithm):
     def risk(self, params: Tree, buffers: Tree, x, y, w):
         return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
+    @single_threaded  # the exact Hessian-vector product is forward-mode AD
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         b = x.shape[0] // 3
         parts = [slice(0, b), slice(b, 2 * b), slice(2 * b, None)]  # D, D', D''

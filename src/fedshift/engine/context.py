@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..data.federated import FederatedData, Split
 from ..models.base import FedModel
+from .execution import replica
 from .local import LocalTrainer, LossFn, TrainResult
 from .rng import torch_seed
 from .schedule import Schedule, make_schedule
@@ -43,6 +44,18 @@ class Context:
     trainer: LocalTrainer
     initial_params: Tree
     initial_buffers: Tree
+
+    def __getattribute__(self, name: str):
+        # on a client-group thread (execution = sequential) ``ctx.model`` is that thread's
+        # copy: functional_call swaps a module's tensors while it runs
+        value = object.__getattribute__(self, name)
+        return replica(value) if name == "model" else value
+
+    @staticmethod
+    def module(m: torch.nn.Module) -> torch.nn.Module:
+        """The module a loss may ``functional_call``: ``m``, or on a client-group thread
+        that thread's copy of it (for modules an algorithm holds besides ``ctx.model``)."""
+        return replica(m)
 
     def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
         return self.trainer.forward(params, buffers, x)

@@ -74,7 +74,9 @@ def row_norms(upload: Tree) -> Tensor:
     for v in upload.values():
         if not v.is_floating_point():
             continue
-        sq = v.detach().reshape(v.shape[0], -1).double().pow(2).sum(1)
+        # in float64 inside the reduction: no squared or converted copy of the uploads
+        rows = v.detach().reshape(v.shape[0], -1)
+        sq = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).square()
         total = sq if total is None else total + sq
     if total is None:
         return torch.zeros(0)

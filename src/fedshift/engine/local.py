@@ -11,11 +11,21 @@ finished clients' results are dropped) so that it needs a logarithmic number of 
 
 When the loss is declared plain cross-entropy and the model is an MLP, a fused in-place
 step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
+
+``execution`` chooses how the general step runs: ``batched`` (the ``vmap`` above),
+``sequential`` (the same un-``vmap``-ped step, each client's whole schedule in turn, client
+groups on ``workers`` threads with one intra-op thread each: a batch of ten images uses one
+core poorly, and the kernels release the GIL), or ``auto`` (the default: both are timed on
+the first step of the first call for each objective and cohort width, on copies, and the
+faster is kept for the rest of the process; see ``execution.py``). Both give the same
+numbers up to float32 rounding (tests/test_execution.py).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +36,17 @@ from torch.func import functional_call, grad, vmap
 from ..data.federated import Split
 from ..models.base import FedModel
 from .allocator import keep_freed_memory
+from .execution import (
+    EXECUTIONS,
+    Choice,
+    ExecutionChoice,
+    balanced_groups,
+    choose,
+    default_workers,
+    replica,
+    time_call,
+    worker_thread,
+)
 from .fused import FusedMLPStep
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
@@ -58,12 +79,117 @@ class TrainingAbandoned(Exception):
     """Local training stopped between two steps on request (``LocalTrainer.should_stop``)."""
 
 
+@dataclass
+class _Call:
+    """The state of one ``train`` call, in cohort (descending-steps) order, and the inputs
+    of a step cut from it: batched over a prefix of clients, or for one client."""
+
+    split: Split
+    idx: Tensor  # [C, S, B]
+    wgt: Tensor  # [C, S, B]
+    per_client: Tree
+    shared: Tree
+    trained: Tree  # stacked, updated in place
+    frozen: Tree
+    bufs: Tree  # stacked, updated in place by steps (batch-norm statistics)
+    noise: dict[str, tuple[int, ...]] | None
+
+    @property
+    def width(self) -> int:
+        return len(self.idx)
+
+    def copy(self, width: int) -> _Call:
+        """The first ``width`` clients, with copies of what a step may change."""
+        cut = slice(0, width)
+        return _Call(
+            self.split,
+            self.idx[cut],
+            self.wgt[cut],
+            take(self.per_client, cut),
+            self.shared,
+            {k: v[cut].clone() for k, v in self.trained.items()},
+            take(self.frozen, cut),
+            {k: v[cut].clone() for k, v in self.bufs.items()},
+            self.noise,
+        )
+
+    def _noise(self, generator: torch.Generator | None) -> Tree:
+        # no generator: zeros (timing runs draw nothing, dropped slots take no draws)
+        return {
+            name: torch.randn(shape, generator=generator) if generator else torch.zeros(shape)
+            for name, shape in (self.noise or {}).items()
+        }
+
+    def batch_args(self, kw: int, s: int, generators: list[torch.Generator] | None = None):
+        """Arguments of the batched step for the first ``kw`` clients at step ``s``; noise
+        from ``generators`` (one per active client, the rest of the ``kw`` slots get zeros)."""
+        rows = self.idx[:kw, s]
+        x = self.split.x
+        xb = x.index_select(0, rows.reshape(-1)).view(*rows.shape, *x.shape[1:])
+        extras = take(self.per_client, slice(0, kw))
+        if self.split.env is not None:
+            extras["env"] = self.split.env[rows]  # [kw, B] environment id of each sample
+        if self.noise:
+            gens = list(generators or [])
+            draws = [self._noise(g) for g in gens] + [self._noise(None)] * (kw - len(gens))
+            for name in self.noise:
+                extras[name] = torch.stack([d[name] for d in draws]).to(x.device)
+        cut = slice(0, kw)
+        return (
+            take(self.trained, cut),
+            take(self.frozen, cut),
+            take(self.bufs, cut),
+            self.shared,
+            extras,
+            xb,
+            self.split.y[rows],
+            self.wgt[:kw, s],
+        )
+
+    def client_state(self, j: int) -> Tree:
+        """Client ``j``'s trained tensors: views of the stack."""
+        return {k: v[j] for k, v in self.trained.items()}
+
+    def client_args(self, j: int, s: int, work: Tree, generator: torch.Generator | None = None):
+        """Arguments of the un-batched step for client ``j`` at step ``s``."""
+        rows = self.idx[j, s]
+        xb = self.split.x.index_select(0, rows)
+        extras = {k: v[j] for k, v in self.per_client.items()}
+        if self.split.env is not None:
+            extras["env"] = self.split.env[rows]
+        extras.update({k: v.to(xb.device) for k, v in self._noise(generator).items()})
+        return (
+            work,
+            {k: v[j] for k, v in self.frozen.items()},
+            {k: v[j] for k, v in self.bufs.items()},
+            self.shared,
+            extras,
+            xb,
+            self.split.y[rows],
+            self.wgt[j, s],
+        )
+
+
 class LocalTrainer:
-    def __init__(self, model: FedModel, compile: bool = False, fused: bool = True) -> None:
+    def __init__(
+        self,
+        model: FedModel,
+        compile: bool = False,
+        fused: bool = True,
+        execution: str = "auto",
+        workers: int = 0,
+    ) -> None:
+        if execution not in EXECUTIONS:
+            raise ValueError(f"execution must be one of {', '.join(EXECUTIONS)}, got {execution!r}")
         self.model = model
         self.compile = compile
         self.fused = fused  # allow the fused cross-entropy MLP step where it applies
         self.bucket_widths = compile  # run general steps at power-of-two widths
+        self.execution = execution
+        self.workers = workers  # client-after-client threads (0: default_workers)
+        self.choices = ExecutionChoice()  # what auto measured and chose, per objective/width
+        shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+        self._model_id = f"{type(model).__name__}#{zlib.crc32(repr(shapes).encode()):08x}"
         self._steps: dict = {}
         # asked between local steps: True abandons the training in progress (the runner
         # sets it while a stop was requested and the round has changed no state yet)
@@ -76,10 +202,12 @@ class LocalTrainer:
 
     def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
         """The model as a pure function of its parameters and buffers."""
-        return functional_call(self.model, (params, buffers), (x,))
+        return functional_call(replica(self.model), (params, buffers), (x,))
 
-    def _step_fn(self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...]):
-        key = (loss_fn, sgd, train_keys)
+    def _step_fn(
+        self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...], batched: bool = True
+    ):
+        key = (loss_fn, sgd, train_keys, batched)
         if key in self._steps:
             return self._steps[key]
 
@@ -92,7 +220,7 @@ class LocalTrainer:
                 trained, frozen, buffers, {**shared, **per_client}, x, y, w
             )
 
-        fn = vmap(step, in_dims=(0, 0, 0, None, 0, 0, 0, 0))
+        fn = vmap(step, in_dims=(0, 0, 0, None, 0, 0, 0, 0)) if batched else step
         if self.compile:
             # one static graph per bucket of active clients (see ``compiled_width``); every
             # objective and bucket is a separate entry of the same cache
@@ -101,6 +229,112 @@ class LocalTrainer:
             fn = torch.compile(fn, dynamic=False)
         self._steps[key] = fn
         return fn
+
+    def _runs_sequential(
+        self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...], call: _Call, width: int
+    ) -> bool:
+        """Whether this call runs client after client (``execution``; ``auto`` measures)."""
+        if self.execution != "auto":
+            return self.execution == "sequential"
+        if width == 1:  # nothing to batch over: vmap of one is the plain step, keep it
+            return False
+        x = call.split.x
+        signature = (  # printed in the round's record: short, and stable across processes
+            getattr(loss_fn, "__qualname__", type(loss_fn).__name__),
+            self._model_id,
+            zlib.crc32(repr(train_keys).encode()),
+            f"width<={1 << (width - 1).bit_length()}",
+            f"x{list(x.shape[1:])}",
+            f"batch {call.idx.shape[2]}",
+            str(x.device),
+            f"threads {torch.get_num_threads()}",
+            "compiled" if self.compile else "eager",
+        )
+        made = self.choices.get(signature)
+        if made is None:
+            made = self._measure(loss_fn, sgd, train_keys, call, width)
+            self.choices.record(signature, made)
+        return made.mode == "sequential"
+
+    def _measure(
+        self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...], call: _Call, width: int
+    ) -> Choice:
+        """Seconds per client-step of the first step, batched and client after client, on
+        copies of the state (gradients only: nothing is updated, no generator is drawn)."""
+        kw = compiled_width(width, len(call.idx)) if self.bucket_widths and not call.bufs else width
+        copy = call.copy(kw)
+        batched = self._step_fn(loss_fn, sgd, train_keys, batched=True)
+        single = self._step_fn(loss_fn, sgd, train_keys, batched=False)
+        t_batched = time_call(lambda: batched(*copy.batch_args(copy.width, 0))) / width
+        workers = self._workers(loss_fn, call)
+        few = list(range(min(width, 2 * workers)))
+
+        def one_each(j: int) -> Tensor:
+            return single(*copy.client_args(j, 0, copy.client_state(j)))[1]
+
+        ones = [1] * len(few)
+        t_single = time_call(lambda: self._map_clients(one_each, few, ones, workers)) / len(few)
+        return Choice(choose(t_batched, t_single), t_batched, t_single)
+
+    def _train_sequential(
+        self,
+        loss_fn: LossFn,
+        sgd: SGDConfig,
+        train_keys: tuple[str, ...],
+        call: _Call,
+        momentum: Tree,
+        steps: Tensor,
+        order: Tensor,
+        generators: list[torch.Generator] | None,
+    ) -> Tensor:
+        """Each client's whole schedule in turn with the un-batched step, SGD in place on
+        its slice of the stacked state; returns the per-client loss sums."""
+        step = self._step_fn(loss_fn, sgd, train_keys, batched=False)
+
+        def run_client(j: int) -> Tensor:
+            work = call.client_state(j)  # views: updated in place
+            mom = {k: v[j] for k, v in momentum.items()}
+            gen = generators[int(order[j])] if call.noise else None
+            total = torch.zeros((), device=call.idx.device)
+            for s in range(int(steps[j])):
+                self.between_steps()
+                grads, loss = step(*call.client_args(j, s, work, generator=gen))
+                sgd_update_(work, grads, mom, sgd)
+                total += loss.detach()
+            return total
+
+        clients = list(range(len(order)))
+        return self._map_clients(run_client, clients, steps.tolist(), self._workers(loss_fn, call))
+
+    def _workers(self, loss_fn: LossFn, call: _Call) -> int:
+        if getattr(loss_fn, "single_threaded", False):
+            return 1
+        return self.workers or default_workers(call.idx.device)
+
+    def _map_clients(
+        self, fn: Callable[[int], Tensor], clients: list[int], steps: list[int], workers: int
+    ) -> Tensor:
+        """``fn`` of every client, stacked in order: a plain loop, or client groups of near-
+        equal steps on threads with one intra-op thread each (a small batch's kernels use
+        one core poorly, and they release the GIL; clients share no state)."""
+        if workers <= 1 or len(clients) == 1:
+            return torch.stack([fn(j) for j in clients])
+        groups = balanced_groups(steps, workers)
+        grad_mode = torch.is_grad_enabled()  # thread-local: carry the caller's over
+
+        def run_group(group: list[int]) -> list[tuple[int, Tensor]]:
+            with torch.set_grad_enabled(grad_mode):
+                return [(j, fn(j)) for j in group]
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with ThreadPoolExecutor(len(groups)) as pool:
+                done = pool.map(worker_thread(run_group), groups)
+                out = dict(pair for group in done for pair in group)
+        finally:
+            torch.set_num_threads(threads)
+        return torch.stack([out[j] for j in clients])
 
     def train(
         self,
@@ -135,20 +369,28 @@ class LocalTrainer:
         trained = {k: params[k][order.to(device)].clone() for k in train_keys}
         frozen = {k: v[order.to(device)] for k, v in params.items() if k not in trained}
         bufs = {k: v[order.to(device)].clone() for k, v in buffers.items()}
-        momentum = {k: torch.zeros_like(v) for k, v in trained.items()}
+        # momentum buffers only where SGD keeps them (a pass over the cohort's state saved)
+        momentum = {k: torch.zeros_like(v) for k, v in trained.items()} if sgd.momentum else {}
         pc = take(per_client or {}, order.to(device))
         loss_sum = torch.zeros(len(order), device=device)
         self.model.train()
         # active clients at step s: those with steps > s (a prefix: steps sort descending)
         steps_np = steps.numpy()
         active = (steps_np[None, :] > np.arange(schedule.max_steps)[:, None]).sum(1).tolist()
-        layers = FusedMLPStep.applies(loss_fn, self.model, buffers, noise) if self.fused else None
+        fusable = self.fused and self.execution != "sequential"
+        layers = FusedMLPStep.applies(loss_fn, self.model, buffers, noise) if fusable else None
         if layers is not None:
             fused = FusedMLPStep(layers, sgd, train_keys)
             x_flat = split.x.reshape(split.x.shape[0], -1)
             every = {**trained, **frozen}
             loss_sum += fused.train(
                 every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps
+            )
+            active = []
+        call = _Call(split, idx, wgt, pc, shared or {}, trained, frozen, bufs, noise)
+        if active and self._runs_sequential(loss_fn, sgd, train_keys, call, active[0]):
+            loss_sum += self._train_sequential(
+                loss_fn, sgd, train_keys, call, momentum, steps, order, generators
             )
             active = []
         step = self._step_fn(loss_fn, sgd, train_keys) if active else None
@@ -159,25 +401,8 @@ class LocalTrainer:
             # their results are dropped), so the number of graphs stays logarithmic; not
             # with buffers, which a step may update in place (batch-norm statistics)
             kw = compiled_width(k, cohort) if self.bucket_widths and not bufs else k
-            rows = idx[:kw, s]
-            xb = split.x.index_select(0, rows.reshape(-1)).view(*rows.shape, *split.x.shape[1:])
-            extras = take(pc, slice(0, kw))
-            if split.env is not None:
-                extras["env"] = split.env[rows]  # [kw, B] environment id of each sample
-            for name, shape in (noise or {}).items():
-                draws = [torch.randn(shape, generator=generators[int(order[j])]) for j in range(k)]
-                draws += [torch.zeros(shape)] * (kw - k)  # dropped slots: no draws
-                extras[name] = torch.stack(draws).to(device)
-            grads, loss = step(
-                take(trained, slice(0, kw)),
-                take(frozen, slice(0, kw)),
-                take(bufs, slice(0, kw)),
-                shared or {},
-                extras,
-                xb,
-                split.y[rows],
-                wgt[:kw, s],
-            )
+            draws = [generators[int(order[j])] for j in range(k)] if noise else None
+            grads, loss = step(*call.batch_args(kw, s, draws))
             if kw > k:
                 grads, loss = take(grads, slice(0, k)), loss[:k]
             mine = take(trained, slice(0, k))  # views: updated in place

@@ -171,6 +171,9 @@ class Runner:
         mean_loss = float((loss[ok] * w[ok]).sum() / w[ok].sum()) if ok.any() else math.nan
         rec = RoundRecord(r + 1, mean_loss, up, down, time.perf_counter() - t0)
         rec.extras = {**rec_extras, **({"events": events} if events else {})}
+        chosen = self.ctx.trainer.choices.report()
+        if chosen:  # what execution = auto timed and chose this round (new objectives only)
+            rec.extras["execution"] = chosen
         return rec
 
     def contain_faults(
@@ -213,7 +216,10 @@ class Runner:
         due = [p for p in self.pending if p["due"] == r]
         self.pending = [p for p in self.pending if p["due"] != r]
         index = keep.nonzero().flatten()
-        parts = [{k: v[index.to(v.device)] for k, v in upload.items()}]
+        if bool(keep.all()):  # every upload usable: no gather (a pass over the uploads)
+            parts = [dict(upload)]
+        else:
+            parts = [{k: v[index.to(v.device)] for k, v in upload.items()}]
         ids_in = [ids[index]]
         w_in = [w[index]]
         dev = self.ctx.device
@@ -221,7 +227,7 @@ class Runner:
             parts.append({k: v.unsqueeze(0).to(dev) for k, v in p["upload"].items()})
             ids_in.append(torch.tensor([p["client"]]))
             w_in.append(torch.tensor([p["num_examples"]]))
-        return torch.cat(ids_in), torch.cat(w_in), concat(parts)
+        return torch.cat(ids_in), torch.cat(w_in), parts[0] if len(parts) == 1 else concat(parts)
 
     def counts(self, splits: dict[str, Split], round_: int) -> EvalCounts:
         """Every client's predictor on each split: correct and total [N, E], predicted and
@@ -274,6 +280,7 @@ class Runner:
             "bytes_down": result.bytes_down,
             "pending": self.pending,
             "final": final,
+            "execution": self.ctx.trainer.choices.export(),  # auto's choices, kept on resume
         }
 
     def load_state_dict(self, state: dict) -> RunResult:
@@ -301,6 +308,9 @@ class Runner:
                 raise FedshiftError("the checkpoint's final results are damaged") from None
         self.start_round = state["rounds_done"]
         self.pending = list(state.get("pending", []))
+        execution = state.get("execution") or {}
+        if isinstance(execution, dict):
+            self.ctx.trainer.choices.preload(execution)
         return result
 
     def final_evaluation(self, result: RunResult) -> None:
