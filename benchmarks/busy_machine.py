@@ -5,9 +5,10 @@
 Each case runs in a fresh process (the OpenMP wait policy is read when torch loads):
 ``fedshift`` imports fedshift first, so its default ``OMP_WAIT_POLICY=PASSIVE`` applies;
 ``openmp-default`` imports torch first with no policy set (OpenMP's own default: spin, then
-sleep), which is how fedshift ran before. The competitor is a pure-Python busy loop (one
-core). Workloads: W1 (fused MLP step) and W2 (CNN, 1,000 MNIST images), 2 threads, the
-CLI's default execution. Reported: median seconds per round and busy / quiet.
+sleep), which is how fedshift ran before; ``spincount=N`` keeps OpenMP's default policy with
+``GOMP_SPINCOUNT=N`` (a shorter spin before sleeping). The competitor is a pure-Python
+busy loop (one core). Workloads: W1 (fused MLP step) and W2 (CNN, 1,000 MNIST images),
+2 threads, the CLI's default execution. Reported: median seconds per round and busy / quiet.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ WORKLOADS = {"w1": ("mlp", 0), "w2": ("fedavg-cnn", 1000)}
 
 def measure(policy: str, workload: str, rounds: int, busy: bool) -> list[float]:
     env = dict(os.environ)
-    if policy == "openmp-default":
-        env.pop("OMP_WAIT_POLICY", None)
+    env.pop("OMP_WAIT_POLICY", None)
+    env.pop("GOMP_SPINCOUNT", None)
+    if policy.startswith("spincount="):  # OpenMP's default policy with a shorter spin
+        env["OMP_WAIT_POLICY"] = ""  # set (so fedshift keeps it), empty (OpenMP ignores it)
+        env["GOMP_SPINCOUNT"] = policy.split("=", 1)[1]
     model, samples = WORKLOADS[workload]
     first = "torch" if policy == "openmp-default" else "fedshift"
     rival = None
@@ -75,10 +79,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--only", default="w1,w2")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--policies",
+        default="fedshift,openmp-default",
+        help="fedshift (its default, PASSIVE), openmp-default, spincount=N (GOMP_SPINCOUNT)",
+    )
     args = ap.parse_args()
     res: dict = {}
     for workload in args.only.split(","):
-        for policy in ("fedshift", "openmp-default"):
+        for policy in args.policies.split(","):
             quiet = measure(policy, workload, args.rounds, busy=False)
             busy = measure(policy, workload, args.rounds, busy=True)
             q, b = statistics.median(quiet), statistics.median(busy)

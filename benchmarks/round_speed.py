@@ -6,6 +6,8 @@
 W1  FedAvg, MLP 784-100-10, MNIST, 20 clients, Dirichlet α = 0.1 (per-class), batch 10,
     1 local epoch, lr 0.005, full participation; reference: ``classic_fedavg_round``.
 W2  the same with the FedAvg CNN: the whole of MNIST by default, ``--quick`` 1,000 images.
+W5  FedAvg with ResNet-18 on 32×32×3 inputs (random pixels: CIFAR-sized, a speed workload
+    only), 20 clients of 50 images, batch 10.
 W2-cli  W2 as ``fedshift run`` goes: a round plus its evaluation of every client (the
     store, checkpoint and progress bar are measured by ``cli_overhead.py``); reference: the
     same round plus PFLlib's per-round evaluation (``pfllib_evaluate``: test accuracy and
@@ -39,6 +41,9 @@ from pathlib import Path
 # runtime; an explicit OMP_WAIT_POLICY in the environment wins.
 if "--shared-machine" in sys.argv:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# what OpenMP reads when torch loads below (importing fedshift later sets a default that
+# then has no effect)
+POLICY = os.environ.get("OMP_WAIT_POLICY") or "openmp-default"
 
 import torch  # noqa: E402
 
@@ -71,6 +76,20 @@ def mlp_flops_per_sample(model: torch.nn.Module) -> float:
         m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)
     ]
     return 2.0 * (2 * sum(macs) + sum(macs[1:]))
+
+
+def training_flops_per_sample(model: torch.nn.Module, input_shape: tuple[int, ...]) -> float:
+    """FLOPs of one sample's forward and backward pass as autograd runs them (PyTorch's
+    ``FlopCounterMode`` over a batch of 10): the arithmetic floor of any execution."""
+    import copy
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m = copy.deepcopy(model)
+    x = torch.randn(10, *input_shape)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(m(x), torch.zeros(10, dtype=torch.long)).backward()
+    return counter.get_total_flops() / 10
 
 
 def timed(fn) -> tuple[float, float]:
@@ -129,6 +148,25 @@ def chosen(runner) -> dict:
     }
 
 
+def random_images(clients: int = 20, per_client: int = 50, shape=(3, 32, 32)):
+    """CIFAR-sized stand-in data (random pixels, 10 classes): a speed workload only."""
+    from fedshift.data.federated import FederatedData, Split
+
+    g = torch.Generator().manual_seed(SEED)
+
+    def part(n):
+        return torch.rand(n, *shape, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+    return FederatedData(
+        name="random-32x32",
+        num_classes=10,
+        input_shape=shape,
+        train=Split.from_clients([part(per_client) for _ in range(clients)]),
+        test={"test": Split.from_clients([part(10) for _ in range(clients)])},
+        default_model="resnet18",
+    )
+
+
 def fedavg_workload(
     model: str,
     options: dict,
@@ -138,7 +176,7 @@ def fedavg_workload(
     execution: str = "auto",
     evaluate: bool = False,
 ) -> dict:
-    data = dirichlet_mnist(samples)
+    data = random_images() if model == "resnet18" else dirichlet_mnist(samples)
     cfg = fs.make_config(
         algorithm="fedavg",
         model=model,
@@ -168,23 +206,30 @@ def fedavg_workload(
         if evaluate:
             runner.evaluate(r)
 
-    out = pairs(fs_round, ref_round, rounds, between=mm_gflops if model == "mlp" else None)
+    out = pairs(fs_round, ref_round, rounds, between=mm_gflops)
     out["execution"] = chosen(runner)
     out["clients"] = data.num_clients
     out["samples"] = int(data.train.sizes().sum())
     out["client_steps"] = int(sum(-(-int(n) // BATCH) for n in data.train.sizes()))
-    if model == "mlp":
-        flops = mlp_flops_per_sample(runner.ctx.model) * out["samples"] * EPOCHS
-        mms = out.pop("between")
-        mm = statistics.median(m[0] for m in mms)
-        out["gflop_per_round"] = flops / 1e9
-        out["gflops"] = flops / out["fedshift_s"] / 1e9
-        out["mm_gflops"] = mm
-        out["fraction_of_mm"] = out["gflops"] / mm
-        # the same on CPU time (robust to other processes when the run has 1 thread)
-        out["cpu_gflops"] = flops / out["fedshift_cpu_s"] / 1e9
-        out["mm_cpu_gflops"] = statistics.median(m[1] for m in mms)
-        out["cpu_fraction_of_mm"] = out["cpu_gflops"] / out["mm_cpu_gflops"]
+    per_sample = (
+        mlp_flops_per_sample(runner.ctx.model)
+        if model == "mlp"
+        else training_flops_per_sample(runner.ctx.model, data.input_shape)
+    )
+    flops = per_sample * out["samples"] * EPOCHS
+    mms = out.pop("between")
+    mm = statistics.median(m[0] for m in mms)
+    out["gflop_per_round"] = flops / 1e9
+    out["gflops"] = flops / out["fedshift_s"] / 1e9
+    out["mm_gflops"] = mm
+    out["fraction_of_mm"] = out["gflops"] / mm
+    # the same on CPU time (robust to other processes when the run has 1 thread)
+    out["cpu_gflops"] = flops / out["fedshift_cpu_s"] / 1e9
+    out["mm_cpu_gflops"] = statistics.median(m[1] for m in mms)
+    out["cpu_fraction_of_mm"] = out["cpu_gflops"] / out["mm_cpu_gflops"]
+    # the reference's rate too, and the round time at the measured matmul rate
+    out["reference_fraction_of_mm"] = flops / out["reference_s"] / 1e9 / mm
+    out["floor_s"] = flops / mm / 1e9
     return out
 
 
@@ -228,7 +273,7 @@ def main() -> None:
         action="store_true",
         help="OMP_WAIT_POLICY=PASSIVE: use when other processes compete for the cores",
     )
-    ap.add_argument("--only", default="w1,w2,w2-cli,w3")
+    ap.add_argument("--only", default="w1,w2,w2-cli,w3,w5")
     ap.add_argument(
         "--execution", default="auto", help="fedshift's execution: auto, batched or sequential"
     )
@@ -245,7 +290,7 @@ def main() -> None:
     res: dict = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "omp_wait_policy": POLICY,
         "quick": args.quick,
         "compile": args.compile,
         "execution": args.execution,
@@ -261,6 +306,8 @@ def main() -> None:
         res["w2-cli"] = fedavg_workload(
             "fedavg-cnn", {}, w2_samples, rounds, args.compile, ex, evaluate=True
         )
+    if "w5" in only:
+        res["w5"] = fedavg_workload("resnet18", {}, 0, rounds, args.compile, ex)
     if "w3" in only:
         algs = [a for a in ("fedpin", "ditto", "fedsdr", "pfedme", "scaffold") if a in ALGORITHMS]
         samples = 4000 if args.quick else 0

@@ -108,3 +108,40 @@ def test_choose_needs_a_clear_win():
 def test_unknown_execution_is_one_sentence():
     with pytest.raises(FedshiftError, match="execution 'fast' is not one of auto, batched"):
         fs.make_config(execution="fast")
+
+
+def test_a_resumed_run_takes_the_path_auto_chose(monkeypatch):
+    """The checkpoint keeps auto's choices: a resumed run does not time again (and so
+    cannot switch path and change the numbers' rounding half-way)."""
+    from fedshift.experiment import build_experiment
+
+    execution.clear_measurements()
+    cfg = fs.make_config(algorithm="ditto", model="lenet5", lr=0.05, batch_size=8, rounds=2)
+    first = build_experiment(cfg, data=tiny_images())
+    result = first.runner.new_result()
+    result.rounds.append(first.runner.train_round(0))
+    state = first.runner.state_dict(result, 1)
+    assert set(state["execution"].values()) <= {"batched", "sequential"}
+    assert len(state["execution"]) == 2  # Ditto's global and personal objectives
+
+    execution.clear_measurements()  # a fresh process would have none
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("a resumed run must not time the paths again")
+
+    monkeypatch.setattr("fedshift.engine.local.LocalTrainer._measure", no_timing)
+    resumed = build_experiment(cfg, data=tiny_images())
+    resumed.runner.load_state_dict(state)
+    resumed.runner.train_round(1)
+    assert resumed.ctx.trainer.choices.export() == state["execution"]
+
+
+def test_threads_is_validated_and_applied():
+    with pytest.raises(FedshiftError, match="threads must lie in 0..4096"):
+        fs.make_config(threads=-1)
+    before = torch.get_num_threads()
+    try:
+        fs.run(data=tiny_images(), algorithm="fedavg", model="lenet5", rounds=1, threads=1)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

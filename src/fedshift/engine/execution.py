@@ -121,31 +121,36 @@ def default_workers(device: torch.device) -> int:
     return torch.get_num_threads() if device.type == "cpu" else 1
 
 
-_WORKER = threading.local()  # .replicas: {id(model): replica} on a client-group thread
+_WORKER = threading.local()  # .replicas {id(model): (model, copy)}, .active: in a group
 
 
 def replica(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` itself, or on a client-group thread that thread's copy of it (made on
-    first use in the call): ``functional_call`` swaps a module's tensors while it runs, so
-    two threads must never run one module object."""
-    replicas = getattr(_WORKER, "replicas", None)
-    if replicas is None:
+    first use, kept for the thread's life): ``functional_call`` swaps a module's tensors
+    while it runs, so two threads must never run one module object."""
+    if not getattr(_WORKER, "active", False):
         return model
-    mine = replicas.get(id(model))
-    if mine is None:  # a deep copy keeps every submodule's train/eval flag
-        mine = replicas[id(model)] = copy.deepcopy(model)
-    return mine
+    pair = _WORKER.replicas.get(id(model))
+    if pair is None:  # a deep copy keeps every submodule's train/eval flag
+        pair = _WORKER.replicas[id(model)] = (model, copy.deepcopy(model))
+    return pair[1]
 
 
 def worker_thread(fn):
-    """``fn`` run as a client-group thread: ``replica`` gives it its own module copies."""
+    """``fn`` run as a client-group thread: ``replica`` gives it its own module copies,
+    whose train/eval flags are first set to their originals' (they may have changed)."""
 
     def run(*args):
-        _WORKER.replicas = {}
+        if not hasattr(_WORKER, "replicas"):
+            _WORKER.replicas = {}
+        for model, mine in _WORKER.replicas.values():
+            for a, b in zip(model.modules(), mine.modules(), strict=True):
+                b.training = a.training
+        _WORKER.active = True
         try:
             return fn(*args)
         finally:
-            del _WORKER.replicas
+            _WORKER.active = False
 
     return run
 

@@ -74,9 +74,13 @@ def row_norms(upload: Tree) -> Tensor:
     for v in upload.values():
         if not v.is_floating_point():
             continue
-        # in float64 inside the reduction: no squared or converted copy of the uploads
+        # in float32 (no converted copy of the uploads); a row whose float32 norm overflows
+        # is measured again in float64, so a huge but finite upload is never called non-finite
         rows = v.detach().reshape(v.shape[0], -1)
-        sq = torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64).square()
+        norm = torch.linalg.vector_norm(rows, dim=1).double()
+        for i in (~torch.isfinite(norm)).nonzero().flatten().tolist():
+            norm[i] = torch.linalg.vector_norm(rows[i], dtype=torch.float64)
+        sq = norm.square()
         total = sq if total is None else total + sq
     if total is None:
         return torch.zeros(0)

@@ -187,6 +187,8 @@ class LocalTrainer:
         self.bucket_widths = compile  # run general steps at power-of-two widths
         self.execution = execution
         self.workers = workers  # client-after-client threads (0: default_workers)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
         self.choices = ExecutionChoice()  # what auto measured and chose, per objective/width
         shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
         self._model_id = f"{type(model).__name__}#{zlib.crc32(repr(shapes).encode()):08x}"
@@ -267,7 +269,7 @@ class LocalTrainer:
         single = self._step_fn(loss_fn, sgd, train_keys, batched=False)
         t_batched = time_call(lambda: batched(*copy.batch_args(copy.width, 0))) / width
         workers = self._workers(loss_fn, call)
-        few = list(range(min(width, 2 * workers)))
+        few = list(range(min(width, 4 * workers)))  # a few steps per thread: dispatch amortised
 
         def one_each(j: int) -> Tensor:
             return single(*copy.client_args(j, 0, copy.client_state(j)))[1]
@@ -326,12 +328,14 @@ class LocalTrainer:
             with torch.set_grad_enabled(grad_mode):
                 return [(j, fn(j)) for j in group]
 
+        if self._pool is None or self._pool_size != workers:
+            # kept for the trainer's life: its threads keep their model replicas
+            self._pool, self._pool_size = ThreadPoolExecutor(workers), workers
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            with ThreadPoolExecutor(len(groups)) as pool:
-                done = pool.map(worker_thread(run_group), groups)
-                out = dict(pair for group in done for pair in group)
+            done = self._pool.map(worker_thread(run_group), groups)
+            out = dict(pair for group in done for pair in group)
         finally:
             torch.set_num_threads(threads)
         return torch.stack([out[j] for j in clients])
@@ -366,12 +370,23 @@ class LocalTrainer:
         idx = schedule.index[order].to(device)
         wgt = schedule.weight[order].to(device)
         train_keys = tuple(k for k in params if trainable is None or trainable(k))
-        trained = {k: params[k][order.to(device)].clone() for k in train_keys}
-        frozen = {k: v[order.to(device)] for k, v in params.items() if k not in trained}
-        bufs = {k: v[order.to(device)].clone() for k, v in buffers.items()}
+        # cohort order; clients already in it (e.g. equal sizes) are not permuted: each
+        # permutation is a pass over the cohort's whole state
+        same = bool((order == torch.arange(len(order))).all())
+        dev_order = order.to(device)
+
+        def reorder(v: Tensor) -> Tensor:
+            return v if same else v[dev_order]
+
+        def own_copy(v: Tensor) -> Tensor:  # indexing copies already
+            return v.clone() if same else v[dev_order]
+
+        trained = {k: own_copy(params[k]) for k in train_keys}
+        frozen = {k: reorder(v) for k, v in params.items() if k not in trained}
+        bufs = {k: own_copy(v) for k, v in buffers.items()}
         # momentum buffers only where SGD keeps them (a pass over the cohort's state saved)
         momentum = {k: torch.zeros_like(v) for k, v in trained.items()} if sgd.momentum else {}
-        pc = take(per_client or {}, order.to(device))
+        pc = {k: reorder(v) for k, v in (per_client or {}).items()}
         loss_sum = torch.zeros(len(order), device=device)
         self.model.train()
         # active clients at step s: those with steps > s (a prefix: steps sort descending)
@@ -411,9 +426,14 @@ class LocalTrainer:
         out = {**trained, **frozen}
         mean_loss = loss_sum / steps.clamp(min=1).to(device)
         inv = inverse.to(device)
+
+        def restore(v: Tensor) -> Tensor:
+            return v if same else v[inv]
+
         return TrainResult(
-            params={k: out[k][inv] for k in params},
-            buffers={k: v[inv] for k, v in bufs.items()},
-            loss=mean_loss[inv],
+            # (frozen tensors were not copied when not permuted: the result gets its own)
+            params={k: out[k].clone() if same and k in frozen else restore(out[k]) for k in params},
+            buffers={k: restore(v) for k, v in bufs.items()},
+            loss=restore(mean_loss),
             steps=steps[inverse],
         )

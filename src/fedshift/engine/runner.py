@@ -152,9 +152,11 @@ class Runner:
         ``ids`` order): fault containment, late uploads, aggregation, the round's record.
         Shared by the in-process runner and the Flower server."""
         self.abandonable = False
-        upload = concat(uploads)
+        # one chunk: its uploads as they are (a copy of a ResNet cohort's is a second of
+        # memory traffic); contain_faults copies before it corrupts anything
+        upload = dict(uploads[0]) if len(uploads) == 1 else concat(uploads)
         w = torch.cat(weights).cpu().float()
-        keep, events = self.contain_faults(r, ids, upload, w)
+        keep, events, upload = self.contain_faults(r, ids, upload, w)
         ids_in, w_in, upload_in = self.deliver(r, ids, w, upload, keep)
         rec_extras: dict = {}
         if len(ids_in):
@@ -178,10 +180,13 @@ class Runner:
 
     def contain_faults(
         self, r: int, ids: Tensor, upload: Tree, weights: Tensor
-    ) -> tuple[Tensor, list[dict]]:
+    ) -> tuple[Tensor, list[dict], Tree]:
         """Apply injected faults (lost, late, corrupted uploads) and exclude uploads that are
-        non-finite or of exploding norm. Returns which rows reach this round's aggregation
-        and one event per affected client; late uploads wait in ``self.pending``."""
+        non-finite or of exploding norm. Returns which rows reach this round's aggregation,
+        one event per affected client, and the uploads (a copy where one was corrupted:
+        the given tensors may be the clients' own state); late uploads wait in
+        ``self.pending``."""
+        copied = False
         keep = torch.ones(len(ids), dtype=torch.bool)
         events: list[dict] = []
         for j, c in enumerate(ids.tolist()):
@@ -190,6 +195,8 @@ class Runner:
                 continue
             events.append({"client": c, "event": kind})
             if kind == "corrupted":
+                if not copied:
+                    upload, copied = {k: v.clone() for k, v in upload.items()}, True
                 corrupt(upload, j)
             else:
                 keep[j] = False
@@ -207,7 +214,7 @@ class Runner:
             if why is not None and keep[j]:
                 keep[j] = False
                 events.append({"client": int(ids[j]), "event": why})
-        return keep, events
+        return keep, events, upload
 
     def deliver(
         self, r: int, ids: Tensor, w: Tensor, upload: Tree, keep: Tensor
