@@ -11,7 +11,6 @@ faster (per process: a sweep or a table re-uses the measurement).
 from __future__ import annotations
 
 import copy
-import statistics
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -84,16 +83,21 @@ def choose(batched_s: float, sequential_s: float) -> str:
     return "sequential" if sequential_s * MARGIN < batched_s else "batched"
 
 
-def time_call(fn: Callable[[], object], repeats: int = 3) -> float:
-    """Median seconds of ``fn()`` after one untimed call (first-call costs: allocation,
-    kernel selection, compilation)."""
-    fn()
-    times = []
+def time_pair(
+    a: Callable[[], object], b: Callable[[], object], repeats: int = 5
+) -> tuple[float, float]:
+    """Seconds of ``a()`` and of ``b()``: each called once untimed (first-call costs:
+    allocation, kernel selection, compilation), then alternately, so that both see the
+    same machine; the minimum of each, the cost least disturbed by other processes."""
+    a()
+    b()
+    ta, tb = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for fn, times in ((a, ta), (b, tb)):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+    return min(ta), min(tb)
 
 
 def balanced_groups(steps: list[int], groups: int) -> list[list[int]]:

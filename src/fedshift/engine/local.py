@@ -44,7 +44,7 @@ from .execution import (
     choose,
     default_workers,
     replica,
-    time_call,
+    time_pair,
     worker_thread,
 )
 from .fused import FusedMLPStep
@@ -267,15 +267,18 @@ class LocalTrainer:
         copy = call.copy(kw)
         batched = self._step_fn(loss_fn, sgd, train_keys, batched=True)
         single = self._step_fn(loss_fn, sgd, train_keys, batched=False)
-        t_batched = time_call(lambda: batched(*copy.batch_args(copy.width, 0))) / width
         workers = self._workers(loss_fn, call)
         few = list(range(min(width, 4 * workers)))  # a few steps per thread: dispatch amortised
+        ones = [1] * len(few)
 
         def one_each(j: int) -> Tensor:
             return single(*copy.client_args(j, 0, copy.client_state(j)))[1]
 
-        ones = [1] * len(few)
-        t_single = time_call(lambda: self._map_clients(one_each, few, ones, workers)) / len(few)
+        t_batched, t_single = time_pair(
+            lambda: batched(*copy.batch_args(copy.width, 0)),
+            lambda: self._map_clients(one_each, few, ones, workers),
+        )
+        t_batched, t_single = t_batched / width, t_single / len(few)
         return Choice(choose(t_batched, t_single), t_batched, t_single)
 
     def _train_sequential(
