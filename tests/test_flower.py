@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -205,6 +206,100 @@ def test_cli_simulation_prints_the_run_summary(flower_env, tmp_path):
     assert a["metrics"]["per_client"] == pytest.approx(b["metrics"]["per_client"], abs=1e-6)
     assert (a["rounds"], a["seed"], a["bytes_up"]) == (b["rounds"], b["seed"], b["bytes_up"])
     assert {r["run_id"] for r in RunStore(db).runs()} == {a["run_id"], b["run_id"]}
+
+
+PLUGIN = '''"""A method of mine, for Flower."""
+from dataclasses import dataclass
+
+from fedshift import opt, register_algorithm
+from fedshift.algorithms.fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class Hyper:
+    beta: float = opt(0.5, "a weight")
+
+
+@register_algorithm("plugin-flower")
+class Method(FedAvg):
+    Hyper = Hyper
+'''
+
+PLUGIN_TABLE = """
+[table]
+id = "plugin-table"
+source = "a test table"
+[run]
+rounds = 3
+model = "mlr"
+[run.scenario]
+name = "digits-shortcut"
+clients = 2
+[[method]]
+name = "Mine"
+algorithm = "plugin-flower"
+options = { beta = 0.25 }
+published = { worst = 1.0, average = 2.0 }
+"""
+
+
+@pytest.fixture
+def plugin_file(tmp_path):
+    """A user's module registering ``plugin-flower``, forgotten after the test."""
+    from fedshift import plugins
+
+    path = tmp_path / "flower_plugin.py"
+    path.write_text(PLUGIN)
+    saved = dict(ALGORITHMS._items), dict(ALGORITHMS._origins), dict(plugins._imported)
+    yield path
+    ALGORITHMS._items, ALGORITHMS._origins = saved[0], saved[1]
+    plugins._imported.clear()
+    plugins._imported.update(saved[2])
+    sys.modules.pop("flower_plugin", None)
+
+
+def test_cli_simulation_runs_a_table_row_of_an_imported_method(flower_env, tmp_path, plugin_file):
+    """``flower run --import FILE TABLE --method NAME``: the user's algorithm from a table
+    row, with the row's options, and its module recorded for the nodes (Ray workers,
+    which import it again)."""
+    from typer.testing import CliRunner
+
+    from fedshift.cli import app
+
+    table = tmp_path / "table.toml"
+    table.write_text(PLUGIN_TABLE)
+    db = tmp_path / "runs.db"
+    args = ["flower", "run", "--simulation", "--actors", "1", "--import", str(plugin_file)]
+    args += [str(table), "--method", "mine", "--rounds", "1", "--db", str(db), "--json"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    config = RunStore(db).run(summary["run_id"])["config"]
+    assert summary["algorithm"] == "plugin-flower" and config["imports"] == [str(plugin_file)]
+    assert config["algorithm.beta"] == 0.25 and config["rounds"] == 1
+
+
+def test_cli_rows_and_imports_fail_before_flower_starts(tmp_path):
+    from typer.testing import CliRunner
+
+    from fedshift.cli import app
+
+    def error(*args: str) -> str:
+        res = CliRunner().invoke(app, ["flower", "run", "--simulation", *args])
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        return res.output
+
+    assert "--method" in error("thesis-5.1-cmnist8") and "FedPIN" in error("thesis-5.1-cmnist8")
+    assert "a run preset" in error("mnist-iid-fedavg", "--method", "fedavg")
+    assert "no option 'mu'" in error(
+        "thesis-5.1-cmnist8", "--method", "FedPIN", "-s", "algorithm.mu=1"
+    )
+    assert "nosuchmodule" in error("--import", "nosuchmodule")
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text(
+        PLUGIN_TABLE.replace("[run]", "scenario_seed = 4\n[run]").replace("plugin-flower", "fedavg")
+    )
+    assert "scenario_seed" in error(str(fixed), "--method", "Mine")
 
 
 # ---------------------------------------------------------------------------------------

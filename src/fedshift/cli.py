@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .cli_imports import ImportOption, import_first  # noqa: F401  (fedshift.cli names)
 from .cli_once import OnceCommand
 from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
@@ -35,26 +36,6 @@ app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 err = Console(stderr=True, emoji=False)
 out = Console(emoji=False)
 RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
-
-
-ImportOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--import",
-        help="your module that registers algorithms, scenarios or models: a module name "
-        "(from the current folder or the Python path) or a .py file; repeatable",
-    ),
-]
-
-
-def import_first(specs: list[str] | None) -> list[str] | None:
-    """Import ``--import`` modules before anything looks a name up; the specs a run
-    records (None when none was given, so the config keeps no ``imports`` key)."""
-    if not specs:
-        return None
-    from .plugins import import_modules
-
-    return import_modules(specs)
 
 
 def _print_version(value: bool) -> None:
