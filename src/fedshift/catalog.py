@@ -50,7 +50,12 @@ def catalog(what: str) -> list[dict]:
         from .config import preset_names, preset_text
 
         return [
-            {"name": n, "help": _first_line(preset_text(n).lstrip("# ")), "options": []}
+            {
+                "name": n,
+                "help": _first_line(preset_text(n).lstrip("# ")),
+                "options": [],
+                "kind": "preset",
+            }
             for n in preset_names()
         ] + _tables()
     raise FedshiftError(
@@ -59,12 +64,24 @@ def catalog(what: str) -> list[dict]:
 
 
 def _tables() -> list[dict]:
-    """Paper tables (``configs/``), listed with the presets; run with `fedshift reproduce`."""
+    """Paper tables (``configs/``), listed with the run presets: one method of one with
+    ``fedshift run TABLE --method NAME``, all of them with ``fedshift reproduce TABLE``."""
     from .reproduce import load_table, table_names
 
     out = []
     for n in table_names():
         t = load_table(n)
-        help = f"reproduce {t.source}: {t.title} (fedshift reproduce {n})"
-        out.append({"name": n, "help": help, "options": [], "kind": "table"})
+        title = f"{t.source}: {t.title}"
+        help = f"{title}; one method: fedshift run {n} --method NAME, all: fedshift reproduce {n}"
+        methods = [m.name for m in t.methods]
+        out.append(
+            {
+                "name": n,
+                "help": help,
+                "options": [],
+                "kind": "table",
+                "title": title,
+                "methods": methods,
+            }
+        )
     return out

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .cli_imports import ImportOption, import_first  # noqa: F401  (fedshift.cli names)
 from .cli_once import OnceCommand
 from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
@@ -35,24 +36,6 @@ app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
 err = Console(stderr=True, emoji=False)
 out = Console(emoji=False)
 RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
-ImportOption = Annotated[
-    list[str] | None,
-    typer.Option(
-        "--import",
-        help="your module that registers algorithms, scenarios or models: a module name "
-        "(from the current folder or the Python path) or a .py file; repeatable",
-    ),
-]
-
-
-def import_first(specs: list[str] | None) -> list[str] | None:
-    """Import ``--import`` modules before anything looks a name up; the specs a run
-    records (None when none was given, so the config keeps no ``imports`` key)."""
-    if not specs:
-        return None
-    from .plugins import import_modules
-
-    return import_modules(specs)
 
 
 def _print_version(value: bool) -> None:
@@ -165,7 +148,17 @@ def progress_bar(total: int, label: str):
 @app.command(cls=OnceCommand)
 @user_errors
 def run(
-    source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
+    source: Annotated[
+        str | None,
+        typer.Argument(help="run preset, paper table (with --method) or TOML file"),
+    ] = None,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            help="a paper table's method (row) to run with the table's settings: its name "
+            "or algorithm (fedshift list presets marks the tables)"
+        ),
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
     ] = None,
@@ -193,14 +186,16 @@ def run(
     ] = None,
     imports: ImportOption = None,
 ) -> None:
-    """Run one experiment (or one per seed) and record it in the run store."""
+    """Run one experiment (or one per seed) and record it in the run store: a run preset
+    or TOML file, or one method of a paper table (``TABLE --method NAME``)."""
     from .api import run as run_api
     from .api import seeds_summary
     from .config import add_options, command_configs, parse_set
+    from .reproduce import table_row
 
     specs = import_first(imports)  # with --resume: besides the run's recorded imports
     if resume is not None:
-        given = [source, seed, seeds, cohort_size, device]
+        given = [source, method, seed, seeds, cohort_size, device]
         if any(v for v in given if v is not None):
             raise FedshiftError(
                 "--resume continues a run with its recorded config; give only --db, --json, "
@@ -208,6 +203,7 @@ def run(
             )
         changes = add_options(parse_set(set_ or []), {"rounds": rounds, "threads": threads})
         return _resume(resume, db, json_, data_dir, changes)
+    row = table_row(source, method)  # a paper table's method, else None
     configs = command_configs(
         source,
         set_,
@@ -221,25 +217,27 @@ def run(
             "imports": specs,
         },
         seeds,
+        build=row.config if row else None,
     )
     outcomes = []
     for cfg in configs:
-        label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed})"
+        what = f"{row.method.name} of {row.table.id}" if row else cfg.algorithm
+        label = f"{what} on {cfg.scenario} (seed {cfg.seed})"
         progress, on_round = progress_bar(cfg.rounds, label)
         try:
-            outcomes.append(run_api(cfg, db=db, on_round=on_round, progress=False))
+            data = row.data(cfg) if row else None  # a table's fixed partition, if it has one
+            outcomes.append(run_api(cfg, data=data, db=db, on_round=on_round, progress=False))
         finally:
             progress.stop()
     if len(outcomes) == 1:
         summary = outcomes[0].summary()
         title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
-        table = summary_table(title, [(summary["algorithm"], summary["metrics"])])
     else:
         summary = seeds_summary(outcomes)
         title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
-        table = summary_table(
-            title, [(summary["algorithm"], summary["metrics"])], std=[summary["metrics_std"]]
-        )
+    name = f"{row.method.name} ({row.table.id})" if row else summary["algorithm"]
+    std = [summary["metrics_std"]] if len(outcomes) > 1 else None
+    table = summary_table(title, [(name, summary["metrics"])], std=std)
     (err if json_ else out).print(table)
     err.print(
         f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
@@ -362,6 +360,8 @@ def list_(
     if json_:
         print_json(items)
         return
+    if what == "presets":
+        return _list_presets(items)
     table = Table(title=what)
     table.add_column("name", style="bold")
     table.add_column("description")
@@ -369,6 +369,30 @@ def list_(
     for it in items:
         opts = ", ".join(f"{o['name']}={o['default']}" for o in it.get("options", []))
         table.add_row(it["name"], it.get("help", ""), opts)
+    out.print(table)
+
+
+def _list_presets(items: list[dict]) -> None:
+    """Run presets, then paper tables (with their methods), told apart by a kind column."""
+    kinds = {"preset": "run preset", "table": "paper table"}
+    table = Table(
+        title="presets",
+        caption="run preset: fedshift run NAME. paper table: fedshift run NAME --method "
+        "METHOD (one method, with the table's settings) or fedshift reproduce NAME (all)",
+    )
+    table.add_column("name", style="bold")
+    table.add_column("kind")
+    table.add_column("description")
+    table.add_column("methods")
+    shown = None
+    for it in items:
+        kind = it.get("kind", "preset")
+        if shown is not None and kind != shown:
+            table.add_section()
+        shown = kind
+        methods = ", ".join(it.get("methods", []))
+        about = it.get("title", it["help"])  # a table's commands are in the caption
+        table.add_row(escape(it["name"]), kinds.get(kind, kind), escape(about), escape(methods))
     out.print(table)
 
 

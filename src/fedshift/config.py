@@ -10,8 +10,10 @@ alpha = 0.1`` is the same as ``scenario = "dirichlet"`` plus ``scenario.alpha = 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -229,18 +231,24 @@ def add_options(overrides: dict[str, Any], options: dict[str, Any]) -> dict[str,
 
 
 def command_configs(
-    source: Any, set_items: list[str] | None, options: dict[str, Any], seeds: str | None
+    source: Any,
+    set_items: list[str] | None,
+    options: dict[str, Any],
+    seeds: str | None,
+    build: Callable[[dict[str, Any]], RunConfig] | None = None,
 ) -> list[RunConfig]:
     """The configs one command line asks for (``fedshift run`` and ``flower run``): its
     ``--set`` items plus its own options (:func:`add_options`), one config per ``--seeds``
-    entry, or one with the config's seed."""
+    entry, or one with the config's seed. ``build`` makes a config from those overrides
+    (a paper table's row: ``reproduce.Row.config``); by default :func:`resolve` of
+    ``source``."""
     overrides = add_options(parse_set(set_items or []), options)
     seed_list = parse_seeds(seeds) if seeds is not None else [None]
     if seeds is not None and "seed" in overrides:
         raise FedshiftError("--seeds runs one run per seed; give it without --seed or seed=")
-    return [
-        resolve(source, overrides if s is None else {**overrides, "seed": s}) for s in seed_list
-    ]
+    if build is None:
+        build = functools.partial(resolve, source)
+    return [build(overrides if s is None else {**overrides, "seed": s}) for s in seed_list]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -281,14 +289,30 @@ def load_source(source: str) -> dict[str, Any]:
     elif source in preset_names():
         text = preset_text(source)
     else:
+        from .reproduce import table_names
+
+        tables = table_names()
+        if source in tables:
+            raise FedshiftError(_table_given(source))
         raise FedshiftError(
-            f"{source!r} is neither a TOML file nor a preset{did_you_mean(source, preset_names())}"
-            f"; presets: {', '.join(preset_names())}"
+            f"{source!r} is neither a TOML file nor a run preset or paper table"
+            f"{did_you_mean(source, preset_names() + tables)}; run presets: "
+            f"{', '.join(preset_names())}; paper tables: fedshift list presets"
         )
     try:
-        return _flatten(tomllib.loads(text))
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise FedshiftError(f"config {source!r} is not valid TOML: {e}") from None
+    if "table" in raw or "method" in raw:  # no run config has these keys
+        raise FedshiftError(_table_given(source))
+    return _flatten(raw)
+
+
+def _table_given(source: str) -> str:
+    return (
+        f"{source!r} is a paper table, not a run config: run one of its methods with "
+        f"fedshift run {source} --method NAME, or all of them with fedshift reproduce {source}"
+    )
 
 
 def resolve(source: str | None = None, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -121,6 +121,12 @@ def load_table(source: str) -> Table:
     elif source in table_names():
         text, default_id = table_text(source), source
     else:
+        from .config import preset_names
+
+        if source in preset_names():
+            raise FedshiftError(
+                f"{source!r} is a run preset, not a paper table: run it with fedshift run {source}"
+            )
         raise FedshiftError(
             f"unknown table {source!r}{did_you_mean(source, table_names())}; choose one of: "
             f"{', '.join(table_names())} "
@@ -198,6 +204,11 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
 # ---------------------------------------------------------------- running
 
 
+def listed_methods(table: Table) -> str:
+    """The table's methods as one list for a sentence: ``'FedAvg' (fedavg), …``."""
+    return ", ".join(f"{m.name!r} ({m.algorithm})" for m in table.methods)
+
+
 def select_methods(table: Table, names: list[str] | None) -> Table:
     """The table restricted to the methods named (by method name or algorithm name), in the
     table's order; one clear sentence for a name the table does not have."""
@@ -206,9 +217,9 @@ def select_methods(table: Table, names: list[str] | None) -> Table:
     known = {m.name for m in table.methods} | {m.algorithm for m in table.methods}
     unknown = [n for n in names if n not in known]
     if unknown:
-        listed = ", ".join(f"{m.name!r} ({m.algorithm})" for m in table.methods)
         raise FedshiftError(
-            f"table {table.id} has no method {unknown[0]!r}; its methods are: {listed}"
+            f"table {table.id} has no method {unknown[0]!r}; its methods are: "
+            f"{listed_methods(table)}"
         )
     chosen = [m for m in table.methods if m.name in names or m.algorithm in names]
     return replace(table, methods=chosen)
@@ -252,6 +263,161 @@ def method_config(table: Table, method: Method, overrides: dict[str, Any]) -> Ru
     # check the algorithm's options now, before anything runs
     build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
     return cfg
+
+
+def check_option_overrides(table: Table, methods: list[Method], overrides: dict) -> None:
+    """An ``algorithm.<option>`` override must be an option of at least one of ``methods``'
+    algorithms (:func:`method_config` gives it only to those): one sentence otherwise."""
+    for key in overrides:
+        name = key.removeprefix("algorithm.")
+        if key.startswith("algorithm.") and not any(
+            name in algorithm_option_names(m.algorithm) for m in methods
+        ):
+            if len(methods) == 1:
+                m = methods[0]
+                raise FedshiftError(
+                    f"--set {key}: method {m.name!r} of table {table.id} runs {m.algorithm}, "
+                    f"which has no option {name!r}"
+                )
+            raise FedshiftError(
+                f"--set {key}: no method of table {table.id} has the algorithm option "
+                f"{name!r} (an algorithm option reaches only the methods whose algorithm has it)"
+            )
+
+
+def scenario_seed(table: Table, cfg: RunConfig) -> int:
+    """The seed a method's scenario is built with: the run's, or the table's
+    ``scenario_seed`` (one partition for every seed)."""
+    return cfg.seed if table.scenario_seed is None else int(table.scenario_seed)
+
+
+# ---------------------------------------------------------------- one row
+
+
+def is_table_source(source: str | None) -> bool:
+    """Whether ``source`` names a paper table rather than a run config: a shipped table id
+    (``fedshift list presets`` marks them), or a TOML file with ``[table]`` or
+    ``[[method]]`` (keys no run config has)."""
+    if not source:
+        return False
+    path = Path(source)
+    if path.exists():  # a file path wins over a name, as in config.load_source
+        if path.suffix != ".toml" or not path.is_file():
+            return False
+        try:
+            raw = tomllib.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return False  # load_source says what is wrong with it
+        return "table" in raw or "method" in raw
+    return source in table_names()
+
+
+def find_method(table: Table, name: str) -> Method:
+    """The table's method called ``name`` (case-insensitive), else the one method whose
+    algorithm is ``name``; one sentence when there is none, or when several rows run that
+    algorithm (their names then tell them apart)."""
+    key = name.strip().casefold()
+    named = [m for m in table.methods if m.name.casefold() == key]
+    exact = [m for m in named if m.name == name.strip()]
+    if len(named) == 1 or exact:
+        return (exact or named)[0]
+    if len(named) > 1:
+        raise FedshiftError(
+            f"table {table.id} has methods {', '.join(repr(m.name) for m in named)}; give "
+            "--method with the name as written"
+        )
+    runs = [m for m in table.methods if m.algorithm.casefold() == key]
+    if len(runs) == 1:
+        return runs[0]
+    if runs:
+        raise FedshiftError(
+            f"table {table.id} runs {runs[0].algorithm} in {len(runs)} rows, "
+            f"{', '.join(repr(m.name) for m in runs)}; give --method the row's name"
+        )
+    hint = did_you_mean(key, [m.name.casefold() for m in table.methods])  # any case works
+    raise FedshiftError(
+        f"table {table.id} has no method {name!r}{hint}; its methods are: {listed_methods(table)}"
+    )
+
+
+@dataclass
+class Row:
+    """One method of a table run on its own (``fedshift run TABLE --method NAME``), with
+    the settings :func:`run_table` gives it: the table's ``[run]``, the method's algorithm,
+    options and ``set``, then the command line's overrides."""
+
+    table: Table
+    method: Method
+    _data: dict = field(default_factory=dict, init=False, repr=False)  # a fixed partition
+
+    def config(self, overrides: dict[str, Any]) -> RunConfig:
+        """The row's validated config with ``overrides`` (``--set`` and options) on top."""
+        from .algorithms import ALGORITHMS
+        from .plugins import import_modules
+
+        table, method = self.table, self.method
+        import_modules(table.run.get("imports"))  # a table of the user's own methods
+        if method.algorithm not in ALGORITHMS:
+            raise FedshiftError(
+                f"method {method.name!r} of table {table.id} runs algorithm "
+                f"{method.algorithm!r}, which is not registered (its module: --import)"
+            )
+        if table.sweep_key and table.sweep_key not in overrides:
+            values = ", ".join(map(str, table.sweep_values))
+            raise FedshiftError(
+                f"table {table.id} runs each method once per {table.sweep_key} ({values}) "
+                f"and averages them; choose one with --set {table.sweep_key}=VALUE, or run "
+                f"them all with fedshift reproduce {table.id} --methods {method.name!r}"
+            )
+        check_option_overrides(table, [method], overrides)
+        cfg = method_config(table, method, overrides)
+        cfg.imports = import_modules(cfg.imports)
+        return cfg
+
+    def data(self, cfg: RunConfig):
+        """The data :func:`run_table` would give the run: None (the run builds its scenario
+        from its seed) unless the table fixes ``scenario_seed``."""
+        if self.table.scenario_seed is None:
+            return None
+        from .data import build_scenario
+
+        seed = scenario_seed(self.table, cfg)
+        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), seed)
+        if key not in self._data:
+            self._data[key] = build_scenario(
+                cfg.scenario, cfg.scenario_options, seed, cfg.data_dir or None
+            )
+        return self._data[key]
+
+
+def table_row(source: str | None, method: str | None) -> Row | None:
+    """What ``fedshift run SOURCE [--method NAME]`` runs from a paper table: the row, or
+    None when ``source`` is a run preset or config file (and no ``--method`` was given).
+    One sentence for a table without ``--method`` (listing its methods), and for
+    ``--method`` with anything but a table."""
+    from .config import load_source, preset_names
+
+    if not is_table_source(source):
+        if method is None:
+            return None
+        if not source:
+            raise FedshiftError(
+                "--method picks a method (row) of a paper table: fedshift run TABLE --method "
+                "NAME (fedshift list presets marks the paper tables)"
+            )
+        load_source(source)  # an unknown name or a bad file: that sentence first
+        what = "a run preset" if source in preset_names() else "a run config file"
+        raise FedshiftError(
+            f"--method picks a method (row) of a paper table, and {source!r} is {what}, "
+            "not a table; choose its algorithm with --set algorithm=NAME"
+        )
+    table = load_table(source)
+    if method is None:
+        raise FedshiftError(
+            f"{source!r} is a paper table: run one of its methods with --method NAME, one of "
+            f"{listed_methods(table)} (or all of them with fedshift reproduce {source})"
+        )
+    return Row(table, find_method(table, method))
 
 
 @dataclass
@@ -349,24 +515,16 @@ def run_table(
     sweep = table.sweep_values if table.sweep_key else [None]
     for m in methods:  # validate every method's config before anything runs
         method_config(table, m, overrides)
-    for key in overrides:
-        name = key.removeprefix("algorithm.")
-        if key.startswith("algorithm.") and not any(
-            name in algorithm_option_names(m.algorithm) for m in methods
-        ):
-            raise FedshiftError(
-                f"--set {key}: no method of table {table.id} has the algorithm option "
-                f"{name!r} (an algorithm option reaches only the methods whose algorithm has it)"
-            )
+    check_option_overrides(table, methods, overrides)
 
     data_cache: dict[tuple, Any] = {}
 
     def data_for(cfg: RunConfig):
-        scenario_seed = cfg.seed if table.scenario_seed is None else int(table.scenario_seed)
-        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), scenario_seed)
+        seed = scenario_seed(table, cfg)
+        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), seed)
         if key not in data_cache:
             data_cache[key] = build_scenario(
-                cfg.scenario, cfg.scenario_options, scenario_seed, cfg.data_dir or None
+                cfg.scenario, cfg.scenario_options, seed, cfg.data_dir or None
             )
         return data_cache[key]
 

@@ -1,6 +1,7 @@
 """``fedshift flower …``: run fedshift configs on Flower. ``fedshift flower run`` takes the
-options of ``fedshift run`` (source, --set, --rounds, --seed, --seeds, --cohort-size, --db,
---json, --device, --data-dir) and prints the same table and JSON summary; it adds the
+options of ``fedshift run`` (source, --method, --set, --rounds, --seed, --seeds,
+--cohort-size, --db, --json, --device, --data-dir, --import) and prints the same table and
+JSON summary; it adds the
 Flower engine (--simulation or --deployment) and its connection settings. Flower itself is
 imported only when a command runs, so ``fedshift`` works without the extra."""
 
@@ -13,6 +14,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from ..cli_imports import ImportOption, import_first
 from ..cli_once import OnceCommand
 from ..errors import FedshiftError
 
@@ -30,7 +32,17 @@ def _cli():
 
 @app.command("run", cls=OnceCommand)
 def run(
-    source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
+    source: Annotated[
+        str | None,
+        typer.Argument(help="run preset, paper table (with --method) or TOML file"),
+    ] = None,
+    method: Annotated[
+        str | None,
+        typer.Option(
+            help="a paper table's method (row) to run with the table's settings: its name "
+            "or algorithm (fedshift list presets marks the tables)"
+        ),
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
     ] = None,
@@ -72,14 +84,15 @@ def run(
     round_timeout: Annotated[
         float, typer.Option(help="seconds to wait for every node's reply in a round")
     ] = 600.0,
+    imports: ImportOption = None,
 ) -> None:
     """Run one experiment (or one per seed) on Flower and record it in the run store."""
     cli = _cli()
     try:
         _run(
-            cli, source, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
-            simulation, deployment, superlink, address, root_certificates, insecure, actors,
-            round_timeout,
+            cli, source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device,
+            data_dir, simulation, deployment, superlink, address, root_certificates, insecure,
+            actors, round_timeout, imports,
         )  # fmt: skip
     except FedshiftError as e:
         cli.err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
@@ -90,12 +103,13 @@ def run(
 
 
 def _run(
-    cli, source, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
+    cli, source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
     simulation, deployment, superlink, address, root_certificates, insecure, actors,
-    round_timeout,
+    round_timeout, imports,
 ) -> None:  # fmt: skip
     from ..api import seeds_summary
     from ..config import command_configs
+    from ..reproduce import table_row
     from . import require_flower
 
     if simulation == deployment:
@@ -105,6 +119,14 @@ def _run(
             "--superlink/--address/--root-certificates/--insecure need --deployment"
         )
     require_flower()
+    specs = import_first(imports)  # the nodes import the recorded specs again
+    row = table_row(source, method)  # a paper table's method, else None
+    if row is not None and row.table.scenario_seed is not None:
+        raise FedshiftError(
+            f"table {row.table.id} builds every seed's scenario with scenario_seed "
+            f"{row.table.scenario_seed}, and Flower's nodes build it with the run seed; "
+            f"run it with fedshift run {source} --method {method!r}"
+        )
     configs = command_configs(
         source,
         set_,
@@ -114,8 +136,10 @@ def _run(
             "cohort_size": cohort_size,
             "device": device,
             "data_dir": data_dir,
+            "imports": specs,
         },
         seeds,
+        build=row.config if row else None,
     )
     _validate(configs)
     progress = _Progress(cli, configs, "Flower " + ("simulation" if simulation else "deployment"))

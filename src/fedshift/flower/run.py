@@ -3,7 +3,9 @@ deployment (a running SuperLink with one SuperNode per client) through ``flwr ru
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -20,12 +22,42 @@ from ..experiment import resolve_device
 from .server import DEFAULT_CONNECT_TIMEOUT, DEFAULT_ROUND_TIMEOUT, SUMMARY_PREFIX
 
 QUIET_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+# Ray's ray.init warns (FutureWarning) that a worker asking for no GPU will soon keep the
+# GPUs visible instead of having CUDA_VISIBLE_DEVICES emptied, until this variable chooses
+# the new behaviour. Our ClientApp workers ask for no GPU only when the runs are not on
+# CUDA, where the two behaviours train the same, so simulate() chooses the new one.
+RAY_ENV = {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}
+RUN_SIMULATION_DEPRECATED = "DEPRECATED FEATURE: The `run_simulation` function is deprecated"
 
 
 def quiet_flower() -> None:
     """No telemetry and no update check unless the user asked for them."""
     for k, v in QUIET_ENV.items():
         os.environ.setdefault(k, v)
+
+
+class _RunSimulationNotice(logging.Filter):
+    """Drops the one record of Flower's logger saying that ``run_simulation`` is deprecated."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RUN_SIMULATION_DEPRECATED)
+
+
+@contextlib.contextmanager
+def without_run_simulation_notice():
+    """Flower (1.x) logs "DEPRECATED FEATURE: The `run_simulation` function is deprecated
+    … use `flwr run`" on every call. ``flwr run`` is a CLI that hands the run to a SuperLink
+    process (what ``--deployment`` does); ``run_simulation`` is Flower's only simulation in
+    this process, which ``--simulation`` is for (round callbacks, outcomes returned), so
+    there is no call to switch to: that record alone is dropped from the ``flwr`` logger
+    while it runs, and every other Flower message stays."""
+    logger = logging.getLogger("flwr")
+    notice = _RunSimulationNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def simulate(
@@ -40,6 +72,8 @@ def simulate(
     ClientApps in ``actors`` Ray workers, 0 = one per CPU core); one simulation serves
     all configs. Returns the outcomes, as ``fedshift.run`` would."""
     quiet_flower()
+    for k, v in RAY_ENV.items():  # before Ray starts; a value the user set wins
+        os.environ.setdefault(k, v)
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
@@ -73,7 +107,8 @@ def simulate(
         "client_resources": {"num_cpus": 1, "num_gpus": 1.0 / workers if cuda else 0.0},
         "init_args": {"num_cpus": workers},
     }
-    run_simulation(server_app, client_app, num_supernodes=n, backend_config=backend)
+    with without_run_simulation_notice():
+        run_simulation(server_app, client_app, num_supernodes=n, backend_config=backend)
     if len(outcomes) != len(configs):
         raise FedshiftError("the Flower simulation ended before every run finished")
     return outcomes
