@@ -145,3 +145,15 @@ def test_threads_is_validated_and_applied():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_execution_and_threads_do_not_change_what_a_run_is():
+    """Left at their defaults they are not stored (runs keep the keys stored runs always
+    had), and a paper table's --resume finds a run whatever they were."""
+    from fedshift.reproduce import _identity
+
+    plain = fs.make_config(algorithm="fedprox").flat()
+    assert "execution" not in plain and "threads" not in plain
+    pinned = fs.make_config(algorithm="fedprox", execution="batched", threads=1).flat()
+    assert pinned["execution"] == "batched" and pinned["threads"] == 1
+    assert _identity(plain) == _identity(pinned)

@@ -120,11 +120,13 @@ class RunConfig:
         return self
 
     def flat(self) -> dict[str, Any]:
-        """The resolved config as dotted keys (what the run store records); ``imports`` only
-        when there are some, so runs without them keep the keys they always had."""
+        """The resolved config as dotted keys (what the run store records); ``imports``,
+        ``execution`` and ``threads`` only when not at their defaults, so runs that do not
+        use them keep the keys runs always had (and match runs stored before them)."""
         out = {k: v for k, v in dataclasses.asdict(self).items() if not k.endswith("_options")}
-        if not out["imports"]:
-            del out["imports"]
+        for key, default in (("imports", []), ("execution", "auto"), ("threads", 0)):
+            if out[key] == default:
+                del out[key]
         for sec in SECTIONS:
             for k, v in getattr(self, f"{sec}_options").items():
                 out[f"{sec}.{k}"] = v

@@ -586,7 +586,8 @@ def run_table(
     return results, skipped
 
 
-MACHINE_KEYS = ("device", "data_dir", "tracking")  # where a run ran and was logged, not what it is
+# where and how a run ran and was logged, not what it is
+MACHINE_KEYS = ("device", "data_dir", "tracking", "threads", "execution")
 
 
 def _identity(config: dict) -> str:
@@ -904,6 +905,7 @@ def published_figure(table: Table, results: list[MethodResult]):
 
     fig, ax = plt.subplots(figsize=(6, 6))
     drawn = False
+    low = 100.0  # the lowest point or error bar: the axes start below it, not at 0
     for metric, marker in zip(table.metrics, "os^", strict=False):
         pts = [
             (
@@ -918,6 +920,7 @@ def published_figure(table: Table, results: list[MethodResult]):
         if not pts:
             continue
         drawn = True
+        low = min(low, *(min(p[0], p[1] - p[3]) for p in pts))
         # ours: mean over seeds, error bar ±1 std
         label = f"{metric} (ours: mean ± std over seeds)"
         ax.errorbar(
@@ -935,8 +938,11 @@ def published_figure(table: Table, results: list[MethodResult]):
     if not drawn:
         plt.close(fig)
         return None
-    ax.plot([0, 100], [0, 100], ":", color="grey")
-    ax.set(xlabel="published accuracy (%)", ylabel="our accuracy (%)", xlim=(0, 100), ylim=(0, 100))
+    # axes from a multiple of 10 below the lowest point, so close methods spread out
+    lo = max(0.0, 10.0 * math.floor((low - 5.0) / 10.0))
+    ax.plot([lo, 100], [lo, 100], ":", color="grey")
+    ax.set(xlabel="published accuracy (%)", ylabel="our accuracy (%)")
+    ax.set(xlim=(lo, 100), ylim=(lo, 100))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
