@@ -5,7 +5,8 @@ objectives: the cohort shares each dispatch), but on CPU it turns every convolut
 grouped convolution whose backward pass is slower than the clients' own convolutions run
 one after another. Which wins depends on the model, the objective, the cohort width, the
 threads and the device, so ``auto`` times one step of each on the first call and keeps the
-faster (per process: a sweep or a table re-uses the measurement).
+faster (per process: a sweep or a table re-uses the measurement). Models without
+convolutions are not timed: the batched step won every measurement there.
 """
 
 from __future__ import annotations

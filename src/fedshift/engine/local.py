@@ -191,6 +191,8 @@ class LocalTrainer:
         self._pool_size = 0
         self.choices = ExecutionChoice()  # what auto measured and chose, per objective/width
         shapes = [(k, tuple(v.shape)) for k, v in model.state_dict().items()]
+        conv = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+        self._convolutional = any(isinstance(m, conv) for m in model.modules())
         self._model_id = f"{type(model).__name__}#{zlib.crc32(repr(shapes).encode()):08x}"
         self._steps: dict = {}
         # asked between local steps: True abandons the training in progress (the runner
@@ -239,6 +241,11 @@ class LocalTrainer:
         if self.execution != "auto":
             return self.execution == "sequential"
         if width == 1:  # nothing to batch over: vmap of one is the plain step, keep it
+            return False
+        if not self._convolutional:
+            # without convolutions the batched step won every measurement (MLPs and
+            # cmnist's perceptron: sequential 2–4× slower per client-step, docs/
+            # performance.md); not timing them keeps such runs on one path whatever the load
             return False
         x = call.split.x
         signature = (  # printed in the round's record: short, and stable across processes
