@@ -56,11 +56,18 @@ from fedshift.algorithms import ALGORITHMS  # noqa: E402
 from fedshift.experiment import build_experiment  # noqa: E402
 
 LR, BATCH, EPOCHS, SEED = 0.005, 10, 1, 0
+DEVICE = torch.device("cpu")  # --device: where fedshift, the reference and torch.mm run
+
+
+def sync() -> None:
+    """Wait for queued accelerator work, so that a timing covers it."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 def mm_gflops(n: int = 2048, reps: int = 3) -> tuple[float, float]:
     """Best GFLOP/s of a plain float32 ``torch.mm`` (n × n), on wall and on CPU time."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+    a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
     torch.mm(a, b)
     wall = cpu = math.inf
     for _ in range(reps):
@@ -86,16 +93,20 @@ def training_flops_per_sample(model: torch.nn.Module, input_shape: tuple[int, ..
     from torch.utils.flop_counter import FlopCounterMode
 
     m = copy.deepcopy(model)
-    x = torch.randn(10, *input_shape)
+    dev = next(m.parameters()).device
+    x = torch.randn(10, *input_shape, device=dev)
+    y = torch.zeros(10, dtype=torch.long, device=dev)
     with FlopCounterMode(display=False) as counter:
-        torch.nn.functional.cross_entropy(m(x), torch.zeros(10, dtype=torch.long)).backward()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
     return counter.get_total_flops() / 10
 
 
 def timed(fn) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of this process) of ``fn()``."""
+    """(wall seconds, CPU seconds of this process) of ``fn()``, queued device work included."""
+    sync()
     t, c = time.perf_counter(), time.process_time()
     fn()
+    sync()
     return time.perf_counter() - t, time.process_time() - c
 
 
@@ -189,9 +200,11 @@ def fedavg_workload(
         seed=SEED,
         compile=compile_,
         execution=execution,
+        device=str(DEVICE),
     )
     runner = build_experiment(cfg, data=data).runner
     ref_model = build_experiment(cfg, data=data).ctx.model  # same seeded initial weights
+    data = data.to(DEVICE)  # the reference's batches on the device too
     ids = list(range(data.num_clients))
 
     def ref_round(r: int) -> None:
@@ -253,6 +266,7 @@ def w3_case(
         seed=SEED,
         compile=compile_,
         execution=execution,
+        device=str(DEVICE),
     )
     runner = build_experiment(cfg, data=data).runner
     ref = build_experiment(cfg, data=data)
@@ -275,6 +289,11 @@ def main() -> None:
     )
     ap.add_argument("--only", default="w1,w2,w2-cli,w3,w5")
     ap.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda or cuda:N: fedshift, the reference and torch.mm all run there",
+    )
+    ap.add_argument(
         "--execution", default="auto", help="fedshift's execution: auto, batched or sequential"
     )
     ap.add_argument("--rounds", type=int, default=0, help="timed rounds (0: 2 quick, 5 full)")
@@ -284,6 +303,8 @@ def main() -> None:
         help="run fedshift with compile=true (its warm-up round, fedshift_warmup_s, compiles)",
     )
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 5)
     only = set(args.only.split(","))
@@ -294,6 +315,7 @@ def main() -> None:
         "quick": args.quick,
         "compile": args.compile,
         "execution": args.execution,
+        "device": str(DEVICE),
         "rounds": rounds,
     }
     ex = args.execution
