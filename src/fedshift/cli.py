@@ -15,8 +15,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .cli_imports import ImportOption, import_first  # noqa: F401  (fedshift.cli names)
 from .cli_once import OnceCommand
+from .cli_options import (  # noqa: F401  (fedshift.cli names)
+    ImportOption,
+    MethodOption,
+    SourceArgument,
+    import_first,
+)
 from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
@@ -148,17 +153,8 @@ def progress_bar(total: int, label: str):
 @app.command(cls=OnceCommand)
 @user_errors
 def run(
-    source: Annotated[
-        str | None,
-        typer.Argument(help="run preset, paper table (with --method) or TOML file"),
-    ] = None,
-    method: Annotated[
-        str | None,
-        typer.Option(
-            help="a paper table's method (row) to run with the table's settings: its name "
-            "or algorithm (fedshift list presets marks the tables)"
-        ),
-    ] = None,
+    source: SourceArgument = None,
+    method: MethodOption = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
     ] = None,

@@ -50,7 +50,7 @@ from .execution import (
 from .fused import FusedMLPStep
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
-from .tree import Tree, take
+from .tree import Tree, clone, take
 
 # loss_fn(params, buffers, extras, x, y, w) -> scalar, for ONE client (vmapped by the trainer)
 LossFn = Callable[[Tree, Tree, Tree, Tensor, Tensor, Tensor], Tensor]
@@ -107,9 +107,9 @@ class _Call:
             self.wgt[cut],
             take(self.per_client, cut),
             self.shared,
-            {k: v[cut].clone() for k, v in self.trained.items()},
+            clone(take(self.trained, cut)),
             take(self.frozen, cut),
-            {k: v[cut].clone() for k, v in self.bufs.items()},
+            clone(take(self.bufs, cut)),
             self.noise,
         )
 
@@ -148,20 +148,20 @@ class _Call:
 
     def client_state(self, j: int) -> Tree:
         """Client ``j``'s trained tensors: views of the stack."""
-        return {k: v[j] for k, v in self.trained.items()}
+        return take(self.trained, j)
 
     def client_args(self, j: int, s: int, work: Tree, generator: torch.Generator | None = None):
         """Arguments of the un-batched step for client ``j`` at step ``s``."""
         rows = self.idx[j, s]
         xb = self.split.x.index_select(0, rows)
-        extras = {k: v[j] for k, v in self.per_client.items()}
+        extras = take(self.per_client, j)
         if self.split.env is not None:
             extras["env"] = self.split.env[rows]
         extras.update({k: v.to(xb.device) for k, v in self._noise(generator).items()})
         return (
             work,
-            {k: v[j] for k, v in self.frozen.items()},
-            {k: v[j] for k, v in self.bufs.items()},
+            take(self.frozen, j),
+            take(self.bufs, j),
             self.shared,
             extras,
             xb,
@@ -305,7 +305,7 @@ class LocalTrainer:
 
         def run_client(j: int) -> Tensor:
             work = call.client_state(j)  # views: updated in place
-            mom = {k: v[j] for k, v in momentum.items()}
+            mom = take(momentum, j)
             gen = generators[int(order[j])] if call.noise else None
             total = torch.zeros((), device=call.idx.device)
             for s in range(int(steps[j])):

@@ -152,9 +152,7 @@ class Runner:
         ``ids`` order): fault containment, late uploads, aggregation, the round's record.
         Shared by the in-process runner and the Flower server."""
         self.abandonable = False
-        # one chunk: its uploads as they are (a copy of a ResNet cohort's is a second of
-        # memory traffic); contain_faults copies before it corrupts anything
-        upload = dict(uploads[0]) if len(uploads) == 1 else concat(uploads)
+        upload = concat(uploads)  # not a copy for one chunk: contain_faults copies to corrupt
         w = torch.cat(weights).cpu().float()
         keep, events, upload = self.contain_faults(r, ids, upload, w)
         ids_in, w_in, upload_in = self.deliver(r, ids, w, upload, keep)
@@ -223,10 +221,8 @@ class Runner:
         due = [p for p in self.pending if p["due"] == r]
         self.pending = [p for p in self.pending if p["due"] != r]
         index = keep.nonzero().flatten()
-        if bool(keep.all()):  # every upload usable: no gather (a pass over the uploads)
-            parts = [dict(upload)]
-        else:
-            parts = [{k: v[index.to(v.device)] for k, v in upload.items()}]
+        every = bool(keep.all())  # every upload usable: no gather (a pass over the uploads)
+        parts = [upload if every else {k: v[index.to(v.device)] for k, v in upload.items()}]
         ids_in = [ids[index]]
         w_in = [w[index]]
         dev = self.ctx.device
@@ -234,7 +230,7 @@ class Runner:
             parts.append({k: v.unsqueeze(0).to(dev) for k, v in p["upload"].items()})
             ids_in.append(torch.tensor([p["client"]]))
             w_in.append(torch.tensor([p["num_examples"]]))
-        return torch.cat(ids_in), torch.cat(w_in), parts[0] if len(parts) == 1 else concat(parts)
+        return torch.cat(ids_in), torch.cat(w_in), concat(parts)
 
     def counts(self, splits: dict[str, Split], round_: int) -> EvalCounts:
         """Every client's predictor on each split: correct and total [N, E], predicted and

@@ -19,8 +19,9 @@ def stack(tree: Mapping[str, Tensor], n: int) -> Tree:
     return {k: v.detach().unsqueeze(0).expand(n, *v.shape).clone() for k, v in tree.items()}
 
 
-def take(tree: Mapping[str, Tensor], index: Tensor | slice) -> Tree:
-    """Rows ``index`` of every stacked tensor (a copy for tensor indices, a view for slices)."""
+def take(tree: Mapping[str, Tensor], index: Tensor | slice | int) -> Tree:
+    """Rows ``index`` of every stacked tensor (a copy for tensor indices, a view for slices
+    and single rows)."""
     return {k: v[index] for k, v in tree.items()}
 
 
@@ -31,9 +32,13 @@ def put(tree: Mapping[str, Tensor], index: Tensor, rows: Mapping[str, Tensor]) -
 
 
 def concat(trees: list[Mapping[str, Tensor]]) -> Tree:
-    """Concatenate stacked trees along the client axis (chunks of one round)."""
+    """Concatenate stacked trees along the client axis (chunks of one round); a single
+    tree comes back as it is, not copied (a ResNet cohort's copy is a second of memory
+    traffic), so a caller that changes the result in place copies first."""
     if not trees:
         return {}
+    if len(trees) == 1:
+        return dict(trees[0])
     return {k: torch.cat([t[k] for t in trees]) for k in trees[0]}
 
 

@@ -14,8 +14,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from ..cli_imports import ImportOption, import_first
 from ..cli_once import OnceCommand
+from ..cli_options import ImportOption, MethodOption, SourceArgument, import_first
 from ..errors import FedshiftError
 
 app = typer.Typer(
@@ -32,17 +32,8 @@ def _cli():
 
 @app.command("run", cls=OnceCommand)
 def run(
-    source: Annotated[
-        str | None,
-        typer.Argument(help="run preset, paper table (with --method) or TOML file"),
-    ] = None,
-    method: Annotated[
-        str | None,
-        typer.Option(
-            help="a paper table's method (row) to run with the table's settings: its name "
-            "or algorithm (fedshift list presets marks the tables)"
-        ),
-    ] = None,
+    source: SourceArgument = None,
+    method: MethodOption = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
     ] = None,
