@@ -233,3 +233,34 @@ def test_the_fuzzer_reaches_both_outcomes(tmp_path, no_training):
     binary.write_bytes(b"\xff\xfe\x00rounds")
     with pytest.raises(FedshiftError, match="cannot be read"):
         load_source(str(binary))
+
+
+LONG_NAME = "a" * 300  # over every file system's 255-byte limit per name
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "--db", f"{LONG_NAME}.db", "--rounds", "1"],
+        ["run", f"{LONG_NAME}.toml"],
+        ["reproduce", f"{LONG_NAME}.toml"],
+        ["runs", "--db", f"{LONG_NAME}.db"],
+        ["run", "--set", "scenario=from-partition", "--set", f"scenario.file={LONG_NAME}.json"],
+    ],
+    ids=["run-db", "run-source", "reproduce-source", "runs-db", "partition-file"],
+)
+def test_names_longer_than_the_file_system_allows_get_one_sentence(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "Traceback" not in result.output
+    assert "too long" in result.output or "does not exist" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", ["run", "reproduce"])
+def test_toml_nested_thousands_deep_gets_one_sentence(command, tmp_path):
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    result = CliRunner().invoke(app, [command, str(deep)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "nests" in result.output and "Traceback" not in result.output

@@ -3,6 +3,7 @@ scripts rely on (checked by ``shared/tools/contract-smoke``): keep them stable."
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
@@ -90,6 +91,18 @@ def user_errors(fn):
         except KeyboardInterrupt:
             err.print("interrupted; the run store keeps the rounds finished so far")
             raise typer.Exit(130) from None
+        except OSError as e:
+            if e.errno != errno.ENAMETOOLONG:
+                raise
+            name = str(e.filename)
+            shown = name if len(name) <= 60 else f"{name[:40]}…{name[-15:]}"
+            err.print(
+                f"[red]error:[/red] file name too long: {escape(shown)!r} ({len(name)} "
+                "characters); the file system allows 255 bytes per name",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2) from None
 
     return wrapper
 

@@ -136,6 +136,19 @@ class RunConfig:
 _TOP = {f.name: f for f in dataclasses.fields(RunConfig) if not f.name.endswith("_options")}
 
 
+def parse_toml(text: str, what: str) -> dict[str, Any]:
+    """TOML text as a dict; bad or absurdly nested TOML → one sentence naming ``what``."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise FedshiftError(f"{what} is not valid TOML: {e}") from None
+    except RecursionError:
+        raise FedshiftError(
+            f"{what} nests its arrays or tables deeper than can be read; "
+            "a fedshift config needs at most a few levels"
+        ) from None
+
+
 def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in table.items():
@@ -301,10 +314,7 @@ def load_source(source: str) -> dict[str, Any]:
             f"{did_you_mean(source, preset_names() + tables)}; run presets: "
             f"{', '.join(preset_names())}; paper tables: fedshift list presets"
         )
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise FedshiftError(f"config {source!r} is not valid TOML: {e}") from None
+    raw = parse_toml(text, f"config {source!r}")
     if "table" in raw or "method" in raw:  # no run config has these keys
         raise FedshiftError(_table_given(source))
     return _flatten(raw)

@@ -59,7 +59,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, _flatten, apply, tomllib  # tomli on Python 3.10
+from .config import RunConfig, _flatten, apply, parse_toml, tomllib  # tomli on Python 3.10
 from .errors import FedshiftError, did_you_mean
 from .eval.metrics import mean_std
 
@@ -132,10 +132,7 @@ def load_table(source: str) -> Table:
             f"{', '.join(table_names())} "
             "(or give a .toml file)"
         )
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise FedshiftError(f"table {source!r} is not valid TOML: {e}") from None
+    raw = parse_toml(text, f"table {source!r}")
     return parse_table(raw, default_id)
 
 
@@ -306,7 +303,7 @@ def is_table_source(source: str | None) -> bool:
             return False
         try:
             raw = tomllib.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
             return False  # load_source says what is wrong with it
         return "table" in raw or "method" in raw
     return source in table_names()
