@@ -128,6 +128,26 @@ def test_tiny_table_end_to_end(tiny, tmp_path):
         assert (tmp_path / "report" / f).is_file()
 
 
+def test_a_diverged_method_is_reported_and_the_table_goes_on(tmp_path):
+    """FedProx at lr 1e30 diverges on every seed: the table still runs FedAvg, lists
+    FedProx with no numbers and the reason, and never counts a gap with it as held."""
+    path = tmp_path / "two.toml"
+    path.write_text(
+        TWO.replace("options = { mu = 0.1 }", "options = { mu = 0.1 }\nset = { lr = 1e30 }")
+    )
+    db = tmp_path / "runs.db"
+    out = reproduce(str(path), db=db, out_dir=tmp_path / "report")
+    fedavg, fedprox = out["methods"]
+    assert fedavg["ours"]["worst"] is not None and not fedavg["degenerate"]
+    assert fedprox["ours"]["worst"] is None and fedprox["degenerate"]
+    status = {r["run_id"]: r["status"] for r in RunStore(db).runs()}
+    assert [status[r] for r in fedprox["run_ids"]] == ["diverged", "diverged"]
+    assert all(not g["holds"] for c in out["comparison"].values() for g in c["gaps"])
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "diverged in round" in text
+    assert (tmp_path / "report" / "accuracy_per_env.png").is_file()
+
+
 def test_missing_algorithms_are_listed_or_skipped(tmp_path):
     text = (
         TWO

@@ -76,6 +76,28 @@ def test_a_degenerate_point_is_never_selected_over_a_working_one():
     assert select_point([point(40.0, True), point(49.4, True)]) == (1, False)
 
 
+def test_a_diverged_point_is_reported_and_the_sweep_goes_on(tmp_path):
+    """lr = 1e30 makes the first grid point diverge (non-finite model); the sweep records
+    it as diverged, skips its second seed, runs the next point and selects it."""
+    db = tmp_path / "r.db"
+    args = ["sweep", "--set", "scenario=digits-shortcut", "--grid", "lr=1e30,0.05"]
+    args += ["--seeds", "0,1", "--rounds", "2", "--db", str(db), "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    s = last_json(res.stdout)
+    bad, good = s["points"]
+    assert "diverged" in bad["diverged"] and bad["val"] is None and len(bad["run_ids"]) == 1
+    assert good["diverged"] is None and len(good["run_ids"]) == 2
+    assert s["selected"] == 1 and s["selected_params"] == {"lr": "0.05"}
+    status = {r["run_id"]: r["status"] for r in RunStore(db).runs()}
+    assert status[bad["run_ids"][0]] == "diverged"
+    assert "‡ lr=1e30" in res.output and "never selected" in res.output
+    # every point diverged: one sentence, exit 2
+    args = ["sweep", "--set", "scenario=digits-shortcut", "--grid", "lr=1e30,1e31"]
+    res = runner.invoke(app, [*args, "--rounds", "2", "--db", str(db)])
+    assert res.exit_code == 2 and "every grid point diverged" in res.output, res.output
+
+
 def test_sweep_rejects_bad_input_before_running(tmp_path):
     db = tmp_path / "r.db"
     base = ["sweep", "--set", "scenario=digits-shortcut", "--rounds", "1", "--db", str(db)]

@@ -538,6 +538,7 @@ def _train(runner, store: RunStore | None, run_id: str | None, result) -> RunRes
             store.fail(run_id, "interrupted", "interrupted by the user")
         raise
     except Diverged as e:
+        e.run_id = run_id
         if store is not None:
             store.fail(run_id, "diverged", str(e))
             e.hint = (

@@ -297,15 +297,22 @@ def sweep(
         table.add_column(col)
     for i, p in enumerate(result["points"]):
         m, s = p["metrics"], p["metrics_std"]
+        name = escape(", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—")
+        if p["diverged"]:
+            table.add_row("", name + " ‡", "diverged", "—", "—")
+            continue
         table.add_row(
             "*" if i == result["selected"] else "",
-            escape(", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—")
-            + (" †" if m.get("degenerate") else ""),
+            name + (" †" if m.get("degenerate") else ""),
             f"{fmt(p['val'])} ± {fmt(p['val_std'])}",
             f"{fmt(m['worst'])} ± {fmt(s['worst'])}",
             f"{fmt(m['average'])} ± {fmt(s['average'])}",
         )
     console.print(table)
+    for p in result["points"]:
+        if p["diverged"]:
+            where = ", ".join(f"{k}={v}" for k, v in p["params"].items()) or "—"
+            console.print(escape(f"‡ {where}: {p['diverged']} (never selected)"), soft_wrap=True)
     if any(p["metrics"].get("degenerate") for p in result["points"]):
         every = "; every point is degenerate, so the best one is shown"
         console.print(

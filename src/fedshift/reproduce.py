@@ -439,6 +439,19 @@ class MethodResult:
         return [s.get(metric) for s in self.per_seed]
 
 
+def diverged_metrics(why: str) -> dict:
+    """The metrics of a seed whose run diverged: no numbers, counted as degenerate (so it
+    enters no mean, rank correlation or held gap), with the reason shown in the report."""
+    return {
+        **dict.fromkeys(METRICS),
+        "per_env": {},
+        "per_client": [],
+        "degenerate": True,
+        "degenerate_why": why,
+        "diverged": why,
+    }
+
+
 def _combine_sweep(metrics: list[dict], label: str, values: list) -> dict:
     """The runs of a sweep as one result: each run's average accuracy is an environment."""
     per_env = {f"{label}={v}": m["average"] for v, m in zip(values, metrics, strict=True)}
@@ -479,6 +492,7 @@ def run_table(
     from .api import resume as resume_api
     from .api import run as run_api
     from .data import build_scenario
+    from .engine.runner import Diverged
     from .plugins import import_modules
 
     import_modules(table.run.get("imports"))  # a table of the user's own methods
@@ -561,6 +575,10 @@ def run_table(
                             on_round=on_round,
                             progress=False if progress else None,
                         )
+                except Diverged as e:  # a result of the table, not the end of it
+                    run_ids.append(getattr(e, "run_id", None))
+                    sweep_metrics.append(diverged_metrics(str(e)))
+                    continue
                 finally:
                     if stop is not None:
                         stop()
@@ -577,7 +595,7 @@ def run_table(
             mean[key], std[key] = _mean_std([s.get(key) for s in per_seed])
             if k == 1:  # one seed: no spread to report
                 std[key] = None
-        envs = list(per_seed[0]["per_env"])
+        envs = list(dict.fromkeys(e for s in per_seed for e in s["per_env"]))
         per_env = {e: _mean_std([s["per_env"].get(e) for s in per_seed])[0] for e in envs}
         results.append(MethodResult(m, run_ids, per_seed, mean, std, per_env))
     return results, skipped
@@ -801,8 +819,8 @@ def write_reproduction_report(
     if bad:
         parts.append(
             "**Degenerate models** (marked †: a model that answers one class everywhere, or "
-            "whose training loss stayed at ln K; they count in no gap and no rank "
-            "correlation): "
+            "whose training loss stayed at ln K, or a run that diverged; they count in no gap "
+            "and no rank correlation): "
             + "; ".join(
                 f"{r.method.name} ({r.degenerate_seeds} of {len(r.per_seed)} seeds: "
                 f"{next(s.get('degenerate_why') for s in r.per_seed if s.get('degenerate'))})"
@@ -862,8 +880,11 @@ def write_reproduction_report(
     if published is not None:
         save(published, out / "published_vs_ours.png")
         parts.append("## Published against ours\n\n![published vs ours](published_vs_ours.png)")
-    first_seed = [r.run_ids[0] for r in results]
-    runs_report = write_report(RunStore(db), first_seed, out / "runs", "md")
+    first_seed = [  # each method's first seed that did not diverge
+        next((i for i, m in zip(r.run_ids, r.per_seed, strict=True) if not m.get("diverged")), None)
+        for r in results
+    ]
+    runs_report = write_report(RunStore(db), [i for i in first_seed if i], out / "runs", "md")
     parts.append(
         f"Per-run details (first seed of each method, {len(FIGURES)} plots): "
         f"[{runs_report.relative_to(out)}]({runs_report.relative_to(out)})."
@@ -874,6 +895,8 @@ def write_reproduction_report(
 
 
 def degenerate_mark(r: MethodResult) -> str:
+    if any(s.get("diverged") for s in r.per_seed):
+        return " †diverged"
     return " †degenerate" if r.degenerate else ""
 
 
@@ -881,15 +904,18 @@ def seed_series(results: list[MethodResult], scenario: str) -> list:
     """One plotted series per method: its seeds, drawn as their mean ± std."""
     from .results.plots import Series
 
-    return [
-        Series(
-            r.method.name
-            + (f" (mean ± std of {len(r.per_seed)} seeds)" if len(r.per_seed) > 1 else "")
-            + degenerate_mark(r),
-            [{"scenario": scenario, "metrics": m} for m in r.per_seed],
-        )
-        for r in results
-    ]
+    out = []
+    for r in results:
+        seeds = [m for m in r.per_seed if not m.get("diverged")]  # no numbers to draw
+        if seeds:
+            mark = f" (mean ± std of {len(seeds)} seeds)" if len(seeds) > 1 else ""
+            out.append(
+                Series(
+                    r.method.name + mark + degenerate_mark(r),
+                    [{"scenario": scenario, "metrics": m} for m in seeds],
+                )
+            )
+    return out
 
 
 def published_figure(table: Table, results: list[MethodResult]):

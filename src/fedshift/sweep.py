@@ -10,7 +10,12 @@ among the points whose models are not degenerate (a constant predictor can score
 validation environments that a shortcut model fails: on CMNIST, 49 % against a colour
 model's 20 %), and its test metrics are the sweep's result. Degeneracy is read from the
 models' predictions, not from test labels. When every point is degenerate the best one
-by validation is still reported, with ``all_degenerate`` set.
+by validation is still reported, with ``all_degenerate`` set. A point whose run diverges
+(``Diverged``: non-finite state, or too many rounds without a usable upload) is marked
+``diverged`` with the reason, its remaining seeds are skipped, and the sweep goes on: a
+learning rate too large for the model is a result of the sweep, not the end of it. A
+diverged point is never selected; when every point diverged the sweep fails with one
+sentence.
 """
 
 from __future__ import annotations
@@ -30,8 +35,14 @@ from .options import build_options
 def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
     """Index of the point with the best mean validation accuracy among the non-degenerate
     ones (ties: the earliest), and whether there was any non-degenerate point."""
-    usable = [i for i, p in enumerate(points) if not p["metrics"].get("degenerate")]
-    best = max(usable or range(len(points)), key=lambda i: (points[i]["val"], -i))
+    finished = [i for i, p in enumerate(points) if not p.get("diverged")]
+    if not finished:
+        raise FedshiftError(
+            "every grid point diverged (first: "
+            f"{points[0]['diverged']}); try smaller learning rates or step sizes"
+        )
+    usable = [i for i in finished if not points[i]["metrics"].get("degenerate")]
+    best = max(usable or finished, key=lambda i: (points[i]["val"], -i))
     return best, bool(usable)
 
 
@@ -92,8 +103,19 @@ class GridPoint:
     run_ids: list[str | None] = field(default_factory=list)
     val: list[float | None] = field(default_factory=list)
     summaries: list[dict] = field(default_factory=list)
+    diverged: str | None = None  # why one of its runs diverged (its other seeds not run)
 
     def result(self) -> dict[str, Any]:
+        if self.diverged is not None:
+            return {
+                "params": dict(self.params),
+                "run_ids": list(self.run_ids),
+                "val": None,
+                "val_std": None,
+                "metrics": {},
+                "metrics_std": {},
+                "diverged": self.diverged,
+            }
         vm, vs = mean_std(self.val)
         mean, std = over_seeds([s["metrics"] for s in self.summaries])
         return {
@@ -103,6 +125,7 @@ class GridPoint:
             "val_std": vs,
             "metrics": mean,
             "metrics_std": std,
+            "diverged": None,
         }
 
 
@@ -120,6 +143,7 @@ def run_sweep(
     Returns the JSON summary of ``fedshift sweep --json``.
     """
     from .api import run as run_api
+    from .engine.runner import Diverged
 
     if not seeds:
         raise FedshiftError("a sweep needs at least one seed")
@@ -150,6 +174,10 @@ def run_sweep(
                 outcome = run_api(
                     cfg, db=db, on_round=on_round, progress=None if bar is None else False
                 )
+            except Diverged as e:
+                point.run_ids.append(getattr(e, "run_id", None))
+                point.diverged = str(e)
+                break  # the point is out of the selection: its other seeds would not count
             finally:
                 if bar is not None:
                     bar.stop()
@@ -172,7 +200,9 @@ def run_sweep(
         "rounds": first.rounds,
         "seeds": list(seeds),
         "grid": {k: list(v) for k, v in grid.items()},
-        "selection": "validation accuracy (mean over seeds), degenerate points excluded",
+        "selection": (
+            "validation accuracy (mean over seeds), degenerate and diverged points excluded"
+        ),
         "all_degenerate": not usable,
         "points": done,
         "selected": best,
