@@ -175,3 +175,26 @@ def test_loss_sees_the_environment_id_of_each_minibatch_sample():
     params, buffers = stack(ctx.initial_params, n), stack(ctx.initial_buffers, n)
     out = ctx.train(loss, params, buffers, cohort, shared={})
     assert out.loss.abs().max().item() == 0.0
+
+
+def test_rows_stack_chunks_like_concat_and_keep_a_single_chunk_uncopied():
+    from fedshift.engine.tree import Rows, concat
+
+    chunks = [{"w": torch.randn(n, 3, 2), "b": torch.randn(n)} for n in (4, 4, 2)]
+    rows = Rows(10)
+    for c in chunks:
+        rows.add(c, len(c["b"]))
+    out, ref = rows.result(), concat(chunks)
+    assert all(torch.equal(out[k], ref[k]) for k in ref)
+    assert out["w"].data_ptr() not in {c["w"].data_ptr() for c in chunks}  # its own rows
+    whole = Rows(4)
+    whole.add(chunks[0], 4)
+    assert whole.result()["w"] is chunks[0]["w"]  # one chunk: not copied
+    short = Rows(10)
+    short.add(chunks[0], 4)
+    with pytest.raises(ValueError, match="4 of 10"):
+        short.result()
+    nothing = Rows(5)  # a method that uploads nothing
+    nothing.add({}, 3)
+    nothing.add({}, 2)
+    assert nothing.result() == {}

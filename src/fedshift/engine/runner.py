@@ -28,7 +28,7 @@ from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
 from .store import ClientStore
-from .tree import Tree, concat, nbytes
+from .tree import Rows, Tree, concat, nbytes
 
 # A run has diverged when more than this share of its rounds, or this many rounds in a row,
 # trained nothing for numerical reasons (see lost_round); docs/reliability.md.
@@ -109,7 +109,7 @@ class Runner:
     def train_round(self, r: int) -> RoundRecord:
         t0 = time.perf_counter()
         ids = sample_clients(self.ctx.data.num_clients, self.k, self.ctx.seed, r)
-        uploads, weights, losses = [], [], []
+        uploads, weights, losses = Rows(len(ids)), [], []
         self.abandonable = True
         up = down = 0
         for chunk in self.chunks(ids):
@@ -123,7 +123,7 @@ class Runner:
             self.abandonable = False  # from here on the round changes client state
             self.store.put(chunk, result.state)
             up += nbytes(result.upload)
-            uploads.append(result.upload)
+            uploads.add(result.upload, len(chunk))  # copied: the chunk's can go
             weights.append(result.num_examples)
             losses.append(result.loss.detach().cpu())
         rest = torch.ones(self.ctx.data.num_clients, dtype=torch.bool)
@@ -135,7 +135,7 @@ class Runner:
                 state = self.alg.update_unsampled(self.server, state, cohort)
                 check_client_state(state, chunk, r)
                 self.store.put(chunk, state)
-        return self.finish_round(r, ids, uploads, weights, losses, up, down, t0)
+        return self.finish_round(r, ids, [uploads.result()], weights, losses, up, down, t0)
 
     def finish_round(
         self,
