@@ -98,3 +98,20 @@ def test_logged_figures_and_fault_table_appear_when_runs_logged_them(tmp_path, m
     monkeypatch.setattr(FedAvg, "aggregate", original)
     text = write_report(RunStore(db), [plain], tmp_path / "plain").read_text()
     assert "silhouette" not in text and "Client faults" not in text
+
+
+def test_per_environment_table_lists_every_runs_environments():
+    """Runs of different scenarios: each environment gets its row, '—' where a run has none
+    (the table used to take the first run's environments only)."""
+    from fedshift.results.report import tables
+
+    def run(label, per_env):
+        metrics = {"worst": 1.0, "average": 2.0, "worst_client": 0.0, "per_env": per_env}
+        return {"run_id": label, "algorithm": label, "scenario": "s", "seed": 0, "rounds": 1,
+                "rounds_done": 1, "metrics": metrics, "time_s": 0.0, "bytes_up": 0,
+                "bytes_down": 0, "config": {}}  # fmt: skip
+
+    runs = [run("a", {"test": 80.0}), run("b", {"p=0.0": 10.0, "p=1.0": 90.0})]
+    _, _, _, env_rows = tables(runs)
+    assert [row[0] for row in env_rows] == ["test", "p=0.0", "p=1.0"]
+    assert env_rows[0][1:] == ["80.0", "—"] and env_rows[2][1:] == ["—", "90.0"]

@@ -55,8 +55,9 @@ def load_runs(store: RunStore, run_ids: list[str]) -> list[dict]:
 
 
 def env_names(runs: list[dict]) -> list[str]:
-    """The test environments, from the first run evaluated at all."""
-    return next((list(r["metrics"]["per_env"]) for r in runs if r["metrics"]["per_env"]), [])
+    """Every run's test environments, in the order first seen (runs of different
+    scenarios have different ones: each gets its row, "—" where a run has none)."""
+    return list(dict.fromkeys(e for r in runs for e in r["metrics"]["per_env"] or {}))
 
 
 def plot_per_env(runs: list[dict], path: Path) -> Path:
