@@ -783,6 +783,13 @@ def reproduce(
         ),
     ] = False,
     imports: ImportOption = None,
+    estimate: Annotated[
+        bool,
+        typer.Option(
+            help="run nothing to the end: time a few rounds of each method at the table's "
+            "scale and print the estimated wall time of the whole table on this machine"
+        ),
+    ] = False,
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
@@ -792,6 +799,10 @@ def reproduce(
     given = {"device": device, "data_dir": data_dir, "imports": import_first(imports)}
     extra = add_options(parse_set(set_ or []), given)
     add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
+    if estimate:
+        chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+        _estimate(table, seeds, rounds, quick, extra, chosen, json_)
+        return
 
     def progress(total, label):
         bar, on_round = progress_bar(total, label)
@@ -911,6 +922,40 @@ def export_partition(
                 "indices": sizes,
             }
         )
+
+
+def _estimate(table, seeds, rounds, quick, extra, methods, json_) -> None:
+    """``reproduce --estimate``: the table's wall time, measured method by method."""
+    from .budget import estimate
+
+    result = estimate(
+        table,
+        seeds=seeds,
+        rounds=rounds,
+        quick=quick,
+        extra=extra,
+        methods=methods,
+        progress=lambda name: err.print(f"timing {escape(name)} …", highlight=False),
+    )
+    rows = Table(title=f"{result['table']}: estimated wall time on this machine")
+    for col in ("method", "s/round", "first round s", "eval s", "rounds", "runs", "hours"):
+        rows.add_column(col, justify="left" if col == "method" else "right")
+    for m in result["methods"]:
+        rows.add_row(
+            escape(m["method"]),
+            f"{m['round_s']:.2f}",
+            f"{m['first_round_s']:.1f}",
+            f"{m['eval_s']:.1f}",
+            str(m["rounds"]),
+            str(m["runs"]),
+            f"{m['total_s'] / 3600:.2f}",
+        )
+    rows.add_row("total", "", "", "", "", "", f"{result['total_h']:.2f}")
+    (err if json_ else out).print(rows)
+    if result["skipped"]:
+        err.print(f"not timed (algorithm not registered): {escape(', '.join(result['skipped']))}")
+    if json_:
+        print_json(result)
 
 
 def main() -> None:
