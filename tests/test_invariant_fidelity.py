@@ -166,3 +166,40 @@ def test_perinvfl_penalty_sees_the_whole_client_training_set():
     calls = record_training(exp)
     exp.runner.run()
     assert len(calls) == 1  # one call: R = local_steps full-batch iterations
+
+
+# ---- FedPIN: the estimate of I(E,U;Y|Φ_g) ----------------------------------------------------
+
+
+def fedpin_global_value(options, scale: float) -> tuple[float, float]:
+    """FedPIN's global objective on client 0's first 16 rows (inputs × ``scale``) and the
+    risk R_g of (Φ_g, ω_g) on them."""
+    from fedshift.algorithms.common.global_model import split_state
+    from fedshift.algorithms.common.losses import cross_entropy
+
+    exp = experiment("fedpin", options)
+    alg, server = exp.runner.alg, exp.runner.server
+    params, buffers = split_state(server)
+    aux = {k: server[k] for k in ("aux.weight", "aux.bias")}
+    aux |= {k: server[k][0] for k in ("aux.client_weight", "aux.client_bias")}
+    rows = slice(0, 16)
+    x, y = exp.ctx.data.train.x[rows] * scale, exp.ctx.data.train.y[rows]
+    w = torch.ones(len(y))
+    value = alg.global_loss({**params, **aux}, buffers, {"alpha": torch.tensor(100.0)}, x, y, w)
+    risk = cross_entropy(exp.ctx.forward(params, buffers, x), y, w)
+    return float(value), float(risk)
+
+
+def test_fedpin_aux_fit_from_the_head_never_rewards_raising_the_aux_risk():
+    """The exact ω_a = argmin holds ω_g in its class, so (1+α)R_g − αR_a ≥ R_g. Fitted from
+    ω_g's head in steps of 1/L the estimate keeps that property even on large features;
+    fitted from ω_a's own weights with a fixed step it does not (the objective falls below
+    the risk: Φ_g is paid to raise R_a, the blow-up seen on Arjovsky's CMNIST)."""
+    head = {"aux_init": "head", "aux_steps": 10}
+    for scale in (1.0, 50.0):
+        value, risk = fedpin_global_value(head, scale)
+        assert value >= risk - 1e-5, (scale, value, risk)
+    value, risk = fedpin_global_value({"aux_steps": 10, "aux_lr": 1.0}, 50.0)
+    assert value < risk - 1.0
+    with pytest.raises(Exception, match="aux_steps >= 1"):
+        experiment("fedpin", {"aux_init": "head"})

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
+from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy, squared_distance
 from .common.proximal import prox_solve, report_as
@@ -45,11 +46,17 @@ from .common.representation import contrastive_loss, feature_variance, features,
 SHARED_AUX = ("aux.weight", "aux.bias")
 CLIENT_AUX = ("aux.client_weight", "aux.client_bias")  # row u belongs to client u
 VARIANTS = ("gm", "gm-ft", "gm-l2", "pm-lambda0", "pm-gamma0", "pm")
+AUX_INITS = ("aux", "head")
 
 
 @dataclass(frozen=True)
-class FedPINHyper:
+class FedPINHyper(ServerOptHyper):
     alpha: float = opt(1.0, "α: weight of the I(E,U;Y|Φ_g) estimate in the global objective")
+    anneal_rounds: int = opt(
+        0,
+        "rounds of the global step with α = 0 (ERM) before α applies, as the IRM reference "
+        "switches its penalty on late; 0 = α from the first round",
+    )
     lambda_: float = opt(1.0, "λ: weight of the contrastive term L_con in the local objective")
     gamma: float = opt(0.1, "γ: weight of the feature-variance (entropy bound) term")
     tau: float = opt(0.5, "τ: temperature of the contrastive loss")
@@ -67,8 +74,22 @@ class FedPINHyper:
         "argmin); 0 = one simultaneous step (the default until measured otherwise)",
     )
     aux_lr: float = opt(1.0, "step size of those ω_a fitting steps")
+    aux_init: str = opt(
+        "aux",
+        "where the ω_a fit starts: aux (ω_a's own weights) or head (ω_g's head, which ω_a's "
+        "class holds, so the fit only lowers R_a below R_g; steps aux_lr/L, L = ½E‖[z,1]‖², "
+        "the bound on the linear cross-entropy's curvature)",
+        AUX_INITS,
+    )
+    floor: bool = opt(
+        False,
+        "keep the estimate R_g − R_a of I(E,U;Y|Φ_g) at ≥ 0, as at the exact argmin ω_a "
+        "(whose class holds ω_g); without it Φ_g can raise R_a without bound",
+    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.anneal_rounds >= 0, "algorithm.anneal_rounds must be >= 0")
         for name in ("alpha", "lambda_", "gamma", "l2_weight"):
             require(getattr(self, name) >= 0, f"algorithm.{name} must be >= 0")
         require(self.tau > 0, f"algorithm.tau must be > 0, got {self.tau}")
@@ -77,6 +98,11 @@ class FedPINHyper:
         require(self.variant in VARIANTS, f"algorithm.variant must be one of {VARIANTS}")
         require(self.aux_steps >= 0, "algorithm.aux_steps must be >= 0")
         require(self.aux_lr > 0, f"algorithm.aux_lr must be > 0, got {self.aux_lr}")
+        require(self.aux_init in AUX_INITS, f"algorithm.aux_init must be one of {AUX_INITS}")
+        require(
+            self.aux_init == "aux" or self.aux_steps >= 1,
+            "algorithm.aux_init = head needs aux_steps >= 1 (with 0 steps ω_a would be ω_g)",
+        )
 
 
 def fit_linear(z, y, w, weight, bias, steps: int, lr: float):
@@ -113,9 +139,14 @@ class FedPIN(Algorithm):
             "aux.client_bias": torch.zeros(n, k),
         }
         dev = self.ctx.device
+        model = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
+        # the round counter exists only when α is annealed (the default state is unchanged)
+        rounds = {"round": torch.zeros(())} if self.hp.anneal_rounds else {}
         return {
-            **model_state(self.ctx.initial_params, self.ctx.initial_buffers),
+            **model,
             **{k_: v.to(dev) for k_, v in aux.items()},
+            **server_opt_state(self.hp, model),
+            **rounds,
         }
 
     def init_client_state(self, server: Tree) -> Tree:
@@ -124,7 +155,7 @@ class FedPIN(Algorithm):
 
     def configure(self, server: Tree, cohort) -> Payload:
         own = {k: server[k][cohort.ids.to(server[k].device)] for k in CLIENT_AUX}
-        return Payload({k: v for k, v in server.items() if k not in CLIENT_AUX}, own)
+        return Payload({k: v for k, v in model_entries(server).items() if k not in CLIENT_AUX}, own)
 
     # ---- losses (one client) ---------------------------------------------------------
     def erm_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
@@ -158,20 +189,35 @@ class FedPIN(Algorithm):
         def risk_a(feat, weight, bias):
             return cross_entropy(F.linear(feat, weight, bias), y, w)
 
-        a = self.hp.alpha
-        wf, bf = fit_linear(
-            z.detach(), y, w, wa.detach(), ba.detach(), self.hp.aux_steps, self.hp.aux_lr
-        )
+        a = extras["alpha"]
+        zd, lr = z.detach(), self.hp.aux_lr
+        if self.hp.aux_init == "head":  # from ω_g, in steps of 1/L (descent guaranteed)
+            w0, b0 = model_params["head.weight"].detach(), model_params["head.bias"].detach()
+            sq = (zd**2).sum(-1) + 1  # ‖[z, 1]‖² per sample, mean over the real rows
+            lr = lr / (0.5 * (w * sq).sum() / w.sum().clamp(min=1e-12))
+        else:
+            w0, b0 = wa.detach(), ba.detach()
+        wf, bf = fit_linear(zd, y, w, w0, b0, self.hp.aux_steps, lr)
         for_phi = risk_a(z, wf, bf)  # Φ_g sees −α∇R_a at ω_a ≈ argmin (Prop. 5.4.1)
         for_aux = risk_a(z.detach(), wa, ba)  # ω_a = argmin R_a
-        total = (1 + a) * risk_g - a * for_phi + for_aux
-        return report_as(total, (1 + a) * risk_g - a * for_phi)
+        if self.hp.floor:  # R_g + α·max(R_g − R_a, 0): a mutual information is ≥ 0
+            objective = risk_g + a * torch.clamp(risk_g - for_phi, min=0)
+        else:
+            objective = (1 + a) * risk_g - a * for_phi
+        return report_as(objective + for_aux, objective)
 
     def k_local(self) -> dict[str, int]:
         """K of Alg. 5 as ctx.train's schedule: K steps, or K epochs when personal_epochs > 0."""
         if self.hp.personal_epochs > 0:
             return {"epochs": self.hp.personal_epochs}
         return {"steps": self.hp.personal_steps}
+
+    def alpha(self, broadcast: Tree) -> torch.Tensor:
+        """α of this round: 0 during the first ``anneal_rounds`` rounds, then α."""
+        alpha = torch.full((), self.hp.alpha)
+        if not self.hp.anneal_rounds:
+            return alpha
+        return torch.where(broadcast["round"] < self.hp.anneal_rounds, torch.zeros(()), alpha)
 
     def weights(self) -> tuple[float, float]:
         v = self.hp.variant
@@ -226,6 +272,7 @@ class FedPIN(Algorithm):
             stack(g_buffers, n),
             cohort,
             "fedpin/global",
+            shared={"alpha": self.alpha(payload.broadcast)},
         )
         model_p = {k: v for k, v in out.params.items() if not k.startswith("aux.")}
         upload = {
@@ -238,6 +285,11 @@ class FedPIN(Algorithm):
         shared = {k: v for k, v in uploads.items() if k not in CLIENT_AUX}
         # Φ_g, ω_g and the shared part of ω_a: Alg. 5's global aggregation, 1/|A_t| Σ_u
         out = weighted_mean(shared, torch.ones(len(info.ids)))
+        # the model part may take a FedOpt server step (Adam, as the IRM reference trains)
+        model = {k: v for k, v in out.items() if k.startswith(("p/", "b/"))}
+        out.update(server_update(self.hp, server, model))
+        if "round" in server:
+            out["round"] = server["round"] + 1
         for k in CLIENT_AUX:  # each client's own row of ω_a comes back from that client
             rows = server[k].clone()
             rows[info.ids.to(rows.device)] = uploads[k].to(rows.dtype)
