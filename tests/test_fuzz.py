@@ -264,3 +264,36 @@ def test_toml_nested_thousands_deep_gets_one_sentence(command, tmp_path):
     result = CliRunner().invoke(app, [command, str(deep)])
     assert result.exit_code == 2, (result.output, result.exception)
     assert "nests" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ["weight_decay=1e308"],
+        ["lr=1e308"],
+        ["cohort_size=1e308"],
+        ["model.hidden=[100000,100000]"],  # 40 GB of parameters
+        ["model.hidden=1e18"],
+        ["model.hidden=[20000,20000,20000]"],  # fits once, not as a cohort
+        ["algorithm=ftfa", "algorithm.finetune_epochs=1e18"],
+        ["algorithm=pfedme", "algorithm.inner_steps=1e18"],
+        ["algorithm=ifca", "algorithm.num_clusters=1e18"],
+        ["algorithm=drfa", "algorithm.tau=1e18"],
+    ],
+)
+def test_huge_sizes_are_refused_before_anything_is_built_or_recorded(
+    setting, tmp_path, no_training, monkeypatch
+):
+    """The issue's cases: each crashed or hung after being recorded as a run."""
+    from fedshift import experiment
+    from fedshift.models import registry
+    from fedshift.results.store import RunStore
+
+    for module in (experiment, registry):  # the memory of the machine the issue ran on
+        monkeypatch.setattr(module, "physical_memory", lambda: 24 * 2**30)
+    args = [a for s in setting for a in ("--set", s)]
+    code, output, exc = cli_run([*args, "--set", "scenario=digits-shortcut"], tmp_path)
+    assert not isinstance(exc, StartedTraining), setting
+    assert code == 2 and "Traceback" not in output, (setting, output, exc)
+    db = tmp_path / "f.db"
+    assert not db.exists() or RunStore(db).runs() == []  # nothing recorded

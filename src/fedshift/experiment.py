@@ -19,6 +19,7 @@ from .engine.runner import RoundRecord, Runner
 from .engine.sgd import SGDConfig
 from .errors import FedshiftError
 from .models import build_model
+from .models.registry import physical_memory
 from .options import build_options
 from .plugins import import_modules
 
@@ -106,7 +107,28 @@ def build_experiment(
         on_round=on_round,
         faults=faults,
     )
+    check_cohort_memory(params, min(runner.k, runner.cohort_size), device)
     return Experiment(cfg, data, ctx, algorithm, runner)
+
+
+COPIES_PER_CLIENT = 4  # parameters, gradients, optimiser state, upload: a lower bound
+
+
+def check_cohort_memory(params: dict, width: int, device: torch.device) -> None:
+    """Refuse, before anything is recorded, a cohort whose clients' model copies alone
+    would not fit in this machine's memory (CPU runs; a GPU reports its own)."""
+    ram = physical_memory()
+    if device.type != "cpu" or ram is None or width < 1:
+        return
+    per_client = sum(p.numel() for p in params.values()) * 4 * COPIES_PER_CLIENT
+    if per_client * width > ram:
+        fits = max(1, int(ram // per_client))
+        raise FedshiftError(
+            f"a cohort of {width} clients training this model needs at least "
+            f"{per_client * width / 2**30:.1f} GiB (parameters, gradients and optimiser "
+            f"state per client), more than this machine's {ram / 2**30:.0f} GiB; set "
+            f"cohort_size to at most {fits} (or choose a smaller model)"
+        )
 
 
 def environment_info(device: torch.device | str) -> dict:

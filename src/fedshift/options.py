@@ -17,6 +17,14 @@ from typing import Any
 
 from .errors import FedshiftError, did_you_mean
 
+# Work-size bounds, checked while the config is read (before anything is built or
+# recorded): a count above MAX_COUNT (rounds, epochs, steps, widths, clients …) is a typo or
+# a fuzzer, not an experiment, and would hang or exhaust memory; a number beyond float32's
+# range cannot reach the tensors it is meant for. Seeds may be any 64-bit value.
+MAX_COUNT = 10**7
+MAX_SEED = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
     """A dataclass field carrying a default, a help line and optional allowed values."""
@@ -88,7 +96,16 @@ def _convert(key: str, tp: Any, raw: Any) -> Any:
             raise FedshiftError(f"{key}={raw!r} is not an integer") from None
         if not math.isfinite(f) or f != int(f):
             raise FedshiftError(f"{key}={raw!r} is not an integer")
-        return int(f)
+        exact = isinstance(raw, str) and raw.strip().lstrip("-").isdigit()
+        value = int(raw) if isinstance(raw, int) or exact else int(f)
+        bound = MAX_SEED if key.endswith("seed") else MAX_COUNT
+        if abs(value) > bound:
+            raise FedshiftError(
+                f"{key}={raw!r} is larger than fedshift accepts (at most {bound:,}"
+                + (": a count this large would not finish" if bound == MAX_COUNT else "")
+                + ")"
+            )
+        return value
     if tp is float:
         if isinstance(raw, bool):
             raise FedshiftError(f"{key}={raw!r} is not a number")
@@ -98,6 +115,11 @@ def _convert(key: str, tp: Any, raw: Any) -> Any:
             raise FedshiftError(f"{key}={raw!r} is not a number") from None
         if not math.isfinite(f):
             raise FedshiftError(f"{key}={raw!r} is not a finite number")
+        if abs(f) > FLOAT32_MAX:
+            raise FedshiftError(
+                f"{key}={raw!r} is beyond the range of the float32 tensors it is used in "
+                "(at most 3.4e38 in magnitude)"
+            )
         return f
     if tp is str:
         if not isinstance(raw, (str, int, float)):
