@@ -135,6 +135,24 @@ def test_read_idx_checks_magic_and_length(tmp_path):
     assert read_idx(gz).tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
+def test_damaged_idx_files_are_one_sentence(tmp_path):
+    """The issue's cases: a damaged deflate stream (zlib.error), dimensions whose product
+    wraps a 64-bit integer, and 255 dimensions."""
+    data = gzip.compress(_idx_bytes(np.arange(600, dtype=np.uint8).reshape(20, 30)))
+    broken = tmp_path / "deflate.gz"
+    broken.write_bytes(data[:12] + bytes(b ^ 0x5A for b in data[12:40]) + data[40:])
+    with pytest.raises(FedshiftError, match="cannot read IDX file"):
+        read_idx(broken)
+    wrapped = tmp_path / "wrapped"  # 2^32 × 2^32 items: 0 in int64 arithmetic
+    wrapped.write_bytes(b"\x00\x00\x08\x03" + (2**32 - 1).to_bytes(4, "big") * 3 + b"\x00")
+    with pytest.raises(FedshiftError, match="truncated or corrupt"):
+        read_idx(wrapped)
+    deep = tmp_path / "deep"
+    deep.write_bytes(b"\x00\x00\x08\xff" + (1).to_bytes(4, "big") * 255 + b"\x07")
+    with pytest.raises(FedshiftError, match="255 dimensions"):
+        read_idx(deep)
+
+
 def test_missing_files_error_is_one_sentence(tmp_path):
     with pytest.raises(FedshiftError) as err:
         load_mnist(tmp_path, train=True)

@@ -96,6 +96,26 @@ def test_cli_reports_a_corrupt_store_in_one_line(tmp_path):
         assert "run store" in res.stderr
 
 
+def test_cli_reports_corrupt_pages_behind_a_valid_header_in_one_line(tmp_path):
+    """A real store whose pages were overwritten: the header passes the store checks, the
+    first query fails (sqlite3.DatabaseError, a traceback before)."""
+    db = tmp_path / "runs.db"
+    store = RunStore(db)
+    for i in range(40):
+        cfg = {"algorithm": "fedavg", "scenario": "iid", "seed": i, "rounds": 1}
+        store.start({**cfg, "note": "x" * 500}, {})
+    del store
+    with open(db, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\xff" * 8192)
+    for args in (["runs", "--db", str(db)], ["run", "--db", str(db), "--rounds", "1"]):
+        res = subprocess.run(
+            [sys.executable, "-m", "fedshift.cli", *args], capture_output=True, text=True
+        )
+        assert res.returncode == 2, res.stderr
+        assert "Traceback" not in res.stderr and "run store cannot be read" in res.stderr
+
+
 def test_a_store_from_an_older_version_is_migrated(tmp_path):
     db = tmp_path / "old.db"
     RunStore(db)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -91,6 +92,14 @@ def user_errors(fn):
         except KeyboardInterrupt:
             err.print("interrupted; the run store keeps the rounds finished so far")
             raise typer.Exit(130) from None
+        except sqlite3.DatabaseError as e:  # a damaged store (corrupt pages behind a valid header)
+            err.print(
+                f"[red]error:[/red] the run store cannot be read: {escape(str(e))}; restore it "
+                "from a copy or give another --db",
+                highlight=False,
+                soft_wrap=True,
+            )
+            raise typer.Exit(2) from None
         except OSError as e:
             if e.errno != errno.ENAMETOOLONG:
                 raise

@@ -9,7 +9,9 @@ repeated scenario builds read the same files many times.
 from __future__ import annotations
 
 import gzip
+import math
 import os
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,16 +49,18 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
     try:
         with opener(path, "rb") as f:
             data = f.read()
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a damaged deflate stream
         raise FedshiftError(f"cannot read IDX file {path} ({e})") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_TYPES:
         raise FedshiftError(f"{path} is not an IDX file (bad magic number)")
     dtype, ndim = _IDX_TYPES[data[2]], data[3]
+    if not 1 <= ndim <= 16:  # images and labels have 1 to 4; NumPy allows at most 64
+        raise FedshiftError(f"{path} announces {ndim} dimensions; an IDX dataset has 1 to 4")
     start = 4 + 4 * ndim
     if len(data) < start:
         raise FedshiftError(f"{path} is truncated (its IDX header is incomplete)")
     dims = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
-    count = int(np.prod(dims, dtype=np.int64))
+    count = math.prod(dims)  # Python integers: wrapped or huge dimensions cannot overflow
     if len(data) - start != count * dtype.itemsize:
         raise FedshiftError(
             f"{path} holds {len(data) - start} data bytes but its IDX header announces "
