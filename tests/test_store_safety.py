@@ -116,6 +116,44 @@ def test_cli_reports_corrupt_pages_behind_a_valid_header_in_one_line(tmp_path):
         assert "Traceback" not in res.stderr and "run store cannot be read" in res.stderr
 
 
+def _hold_lock(db, seconds: float) -> subprocess.Popen:
+    """Another process holding the store's write lock for ``seconds``."""
+    code = (
+        "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+        "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(float(sys.argv[2]))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(db), str(seconds)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_runs_writes_wait_out_a_lock_and_give_up_in_one_sentence(tmp_path, monkeypatch):
+    """A round written while another process holds the lock longer than SQLite's own wait
+    is retried with back-off (it used to fail the run); a lock held past the patience is one
+    sentence. (Timeouts shrunk: 30 s and 600 s in use.)"""
+    db = tmp_path / "runs.db"
+    store = RunStore(db)
+    run_id = store.start({"algorithm": "fedavg", "scenario": "iid", "seed": 0, "rounds": 2}, {})
+    monkeypatch.setattr(RunStore, "BUSY_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(RunStore, "LOCK_PATIENCE_S", 20.0)
+    rec = SimpleNamespace(round=1, loss=0.5, bytes_up=1, bytes_down=1, time_s=0.1,
+                          metrics=None, val=None, extras=None)  # fmt: skip
+    holder = _hold_lock(db, 1.5)
+    store.log_round(run_id, rec)  # waited for the lock, then wrote
+    holder.wait()
+    assert store.run(run_id)["rounds_done"] == 1
+    monkeypatch.setattr(RunStore, "LOCK_PATIENCE_S", 0.5)
+    holder = _hold_lock(db, 5)
+    try:
+        with pytest.raises(FedshiftError, match="stayed locked by another process"):
+            store.log_round(run_id, SimpleNamespace(**{**vars(rec), "round": 2}))
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_store_from_an_older_version_is_migrated(tmp_path):
     db = tmp_path / "old.db"
     RunStore(db)

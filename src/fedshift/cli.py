@@ -93,9 +93,15 @@ def user_errors(fn):
             err.print("interrupted; the run store keeps the rounds finished so far")
             raise typer.Exit(130) from None
         except sqlite3.DatabaseError as e:  # a damaged store (corrupt pages behind a valid header)
+            why = (
+                "is locked by another process (waited 30 s); try again when it has finished, "
+                "or give another --db"
+                if "locked" in str(e) or "busy" in str(e)
+                else f"cannot be read: {escape(str(e))}; restore it from a copy or give "
+                "another --db"
+            )
             err.print(
-                f"[red]error:[/red] the run store cannot be read: {escape(str(e))}; restore it "
-                "from a copy or give another --db",
+                f"[red]error:[/red] the run store {why}",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -12,6 +12,7 @@ import re
 import secrets
 import sqlite3
 import tempfile
+import time
 from contextlib import closing
 from datetime import datetime, timezone
 from pathlib import Path
@@ -112,6 +113,9 @@ def _num(v: float | None) -> float | None:
 
 
 class RunStore:
+    BUSY_TIMEOUT_S = 30.0  # SQLite's own wait for a lock (it retries inside)
+    LOCK_PATIENCE_S = 600.0  # a run's own writes keep retrying this long in all
+
     def __init__(self, path: str | Path = DEFAULT_DB) -> None:
         self.path = Path(path)
         if self.path.is_dir():
@@ -203,10 +207,32 @@ class RunStore:
                 )
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=30)
+        conn = sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_S)
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
         return conn
+
+    def _write(self, write) -> None:
+        """``write(conn)`` in one transaction. While another process holds the store's lock
+        (a long read, a backup), retry with back-off for up to LOCK_PATIENCE_S in all, so a
+        run's rounds and results are not lost to a lock held a minute; then one sentence."""
+        start, pause = time.monotonic(), 1.0
+        while True:
+            try:
+                with closing(self._connect()) as conn, conn:
+                    write(conn)
+                return
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e):
+                    raise
+                waited = time.monotonic() - start
+                if waited >= self.LOCK_PATIENCE_S:
+                    raise FedshiftError(
+                        f"the run store {str(self.path)!r} stayed locked by another process "
+                        f"for {waited:.0f} s; stop that process and resume this run"
+                    ) from None
+                time.sleep(pause)
+                pause = min(2 * pause, 30.0)
 
     def start(self, config: dict[str, Any], environment: dict[str, Any]) -> str:
         run_id = secrets.token_hex(5)
@@ -231,7 +257,8 @@ class RunStore:
 
     def log_round(self, run_id: str, rec) -> None:
         """Record one round (idempotent: a resumed run may log a round again)."""
-        with closing(self._connect()) as conn, conn:
+
+        def write(conn):
             conn.execute(
                 "INSERT OR REPLACE INTO rounds (run_id, round, loss, bytes_up, bytes_down,"
                 " time_s, metrics, val, extras) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -253,6 +280,8 @@ class RunStore:
                 " WHERE run_id=? AND round<=?) WHERE run_id=?",
                 (rec.round, run_id, rec.round, run_id, rec.round, run_id),
             )
+
+        self._write(write)
 
     def restart(self, run_id: str) -> None:
         """Mark a run as running again (resume)."""
@@ -299,7 +328,8 @@ class RunStore:
             for c in range(acc.shape[0]):
                 for j, env in enumerate(names):
                     rows.append((run_id, split, c, env, _num(float(acc[c, j]))))
-        with closing(self._connect()) as conn, conn:
+
+        def write(conn):
             conn.executemany("INSERT OR REPLACE INTO client_accuracy VALUES (?,?,?,?,?)", rows)
             conn.execute(
                 "UPDATE runs SET status='done', finished=?, metrics=?, val=?, time_s=?"
@@ -307,12 +337,15 @@ class RunStore:
                 (_now(), json.dumps(result.metrics), _num(val), result.time_s, run_id),
             )
 
+        self._write(write)
+
     def fail(self, run_id: str, status: str, error: str) -> None:
-        with closing(self._connect()) as conn, conn:
-            conn.execute(
+        self._write(
+            lambda conn: conn.execute(
                 "UPDATE runs SET status=?, finished=?, error=? WHERE run_id=?",
                 (status, _now(), error, run_id),
             )
+        )
 
     def runs(self) -> list[dict[str, Any]]:
         with closing(self._connect()) as conn:
