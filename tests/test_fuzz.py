@@ -6,6 +6,7 @@ traceback. The default run uses few examples; ``-m slow`` runs the long profile.
 from __future__ import annotations
 
 import dataclasses
+import json
 import string
 
 import pytest
@@ -297,3 +298,35 @@ def test_huge_sizes_are_refused_before_anything_is_built_or_recorded(
     assert code == 2 and "Traceback" not in output, (setting, output, exc)
     db = tmp_path / "f.db"
     assert not db.exists() or RunStore(db).runs() == []  # nothing recorded
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "demo"])
+def test_out_under_a_file_gets_one_sentence(command, tmp_path, monkeypatch):
+    """--out below a file (or below /dev/null): NotADirectoryError before, one line now."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    db = tmp_path / "r.db"
+    ids = []
+    if command != "demo":
+        res = CliRunner().invoke(
+            app, ["run", "--set", "scenario=digits-shortcut", "--rounds", "1", "--db", str(db),
+                  "--json"])  # fmt: skip
+        ids = [json.loads(res.stdout.strip().splitlines()[-1])["run_id"], "--db", str(db)]
+    res = CliRunner().invoke(app, [command, *ids, "--out", "afile/sub"])
+    assert res.exit_code == 2 and "Not a directory" in res.output, (res.output, res.exception)
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_read_only_store_is_one_sentence(tmp_path, monkeypatch):
+    import sqlite3
+
+    from fedshift.results.store import RunStore
+
+    def readonly(self, *a, **k):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(RunStore, "start", readonly)
+    res = CliRunner().invoke(
+        app, ["run", "--set", "scenario=digits-shortcut", "--rounds", "1", "--db",
+              str(tmp_path / "r.db")])  # fmt: skip
+    assert res.exit_code == 2 and "read-only" in res.output, (res.output, res.exception)

@@ -97,6 +97,8 @@ def user_errors(fn):
                 "is locked by another process (waited 30 s); try again when it has finished, "
                 "or give another --db"
                 if "locked" in str(e) or "busy" in str(e)
+                else "is read-only here; give a --db you can write to"
+                if "readonly" in str(e)
                 else f"cannot be read: {escape(str(e))}; restore it from a copy or give "
                 "another --db"
             )
@@ -107,16 +109,18 @@ def user_errors(fn):
             )
             raise typer.Exit(2) from None
         except OSError as e:
-            if e.errno != errno.ENAMETOOLONG:
+            if e.filename is None:  # not about a path the user gave: a real fault
                 raise
             name = str(e.filename)
-            shown = name if len(name) <= 60 else f"{name[:40]}…{name[-15:]}"
-            err.print(
-                f"[red]error:[/red] file name too long: {escape(shown)!r} ({len(name)} "
-                "characters); the file system allows 255 bytes per name",
-                highlight=False,
-                soft_wrap=True,
-            )
+            shown = escape(repr(name if len(name) <= 60 else f"{name[:40]}…{name[-15:]}"))
+            if e.errno == errno.ENAMETOOLONG:
+                why = (
+                    f"file name too long: {shown} ({len(name)} characters); the file system "
+                    "allows 255 bytes per name"
+                )
+            else:  # a path under a file, a read-only or full disk, no permission …
+                why = f"cannot use {shown}: {escape(e.strerror or str(e))}"
+            err.print(f"[red]error:[/red] {why}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
