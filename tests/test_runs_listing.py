@@ -137,3 +137,36 @@ def test_markup_in_stored_text_is_printed_as_written(sweep_db, tmp_path):
     assert res.exit_code == 0, res.output
     assert "[/red][bold]" in res.output and "[/b]key" in res.output
     assert "[red]store" in next(line for line in res.output.splitlines() if "runs in" in line)
+
+
+def test_runs_started_together_share_a_stored_group_and_filter_by_it(tmp_path):
+    """`run --seeds` and `sweep` tag their runs with one group id (kept in the store and
+    in their --json); `runs --group` / `--sweep` list one group; a lone run has none."""
+    db = str(tmp_path / "g.db")
+    base = ["--set", "scenario=digits-shortcut", "--rounds", "1", "--db", db, "--json"]
+    seeds = json.loads(invoke("run", *base, "--seeds", "0,1").stdout.strip().splitlines()[-1])
+    sweep = json.loads(
+        invoke("sweep", *base, "--grid", "lr=0.05,0.1").stdout.strip().splitlines()[-1]
+    )
+    lone = json.loads(invoke("run", *base).stdout.strip().splitlines()[-1])
+    assert seeds["group"].startswith("seeds-") and sweep["group"].startswith("sweep-")
+
+    def listed(*args):
+        res = invoke("runs", "--db", db, "--json", *args)
+        assert res.exit_code == 0, res.output
+        return {r["run_id"]: r["group"] for r in json.loads(res.stdout.strip().splitlines()[-1])}
+
+    everything = listed()
+    assert everything[lone["run_id"]] is None
+    assert set(listed("--group", seeds["group"])) == set(seeds["run_ids"])
+    assert set(listed("--group", "seeds-")) == set(seeds["run_ids"])
+    short = sweep["group"].removeprefix("sweep-")
+    assert (
+        set(listed("--sweep", short))
+        == set(sweep["run_ids"])
+        == set(listed("--sweep", sweep["group"]))
+    )
+    table = invoke("runs", "--db", db).stdout
+    assert "group" in table and seeds["group"] in table
+    both = invoke("runs", "--db", db, "--group", "x", "--sweep", "y")
+    assert both.exit_code == 2 and "not both" in both.output

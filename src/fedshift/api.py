@@ -252,10 +252,12 @@ def run(
     db: str | Path | None = None,
     on_round=None,
     progress: bool | None = None,
+    group: str | None = None,
     **settings,
 ) -> RunOutcome:
     """Run one configuration to the end; with ``db`` the run is recorded in the run store
     and checkpointed beside it (``checkpoint_every`` rounds), so it can be resumed.
+    ``group`` tags the runs one command starts together (``results.store.new_group``).
 
     ``progress``: a progress bar on stderr; None (the default) shows it only where someone
     watches (stderr is a terminal, or a notebook), False never. ``tracking=["tensorboard",
@@ -278,7 +280,7 @@ def run(
             if "oracle_accuracy" in exp.data.info:  # an analytic oracle reports can draw
                 env["oracle_accuracy"] = float(exp.data.info["oracle_accuracy"])
             env["data"] = data_identity(exp.data)
-            holder["run_id"] = store.start(cfg.flat(), env)
+            holder["run_id"] = store.start(cfg.flat(), env, group)
         base = store.path.parent if store is not None else DEFAULT_DB.parent
         holder["tracking"] = _open_tracking(store, holder.get("run_id"), cfg.flat(), base, [])
         digest = config_hash(cfg.flat()) if store is not None else ""

@@ -247,6 +247,9 @@ def run(
         seeds,
         build=row.config if row else None,
     )
+    from .results.store import new_group
+
+    group = new_group("seeds") if len(configs) > 1 else None  # the seeds, stored together
     outcomes = []
     for cfg in configs:
         what = f"{row.method.name} of {row.table.id}" if row else cfg.algorithm
@@ -254,15 +257,17 @@ def run(
         progress, on_round = progress_bar(cfg.rounds, label)
         try:
             data = row.data(cfg) if row else None  # a table's fixed partition, if it has one
-            outcomes.append(run_api(cfg, data=data, db=db, on_round=on_round, progress=False))
+            outcomes.append(
+                run_api(cfg, data=data, db=db, on_round=on_round, progress=False, group=group)
+            )
         finally:
             progress.stop()
     if len(outcomes) == 1:
         summary = outcomes[0].summary()
         title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
     else:
-        summary = seeds_summary(outcomes)
-        title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
+        summary = {**seeds_summary(outcomes), "group": group}
+        title = f"accuracy %, mean ± std over seeds {summary['seeds']} (group {group})"
     name = f"{row.method.name} ({row.table.id})" if row else summary["algorithm"]
     std = [summary["metrics_std"]] if len(outcomes) > 1 else None
     table = summary_table(title, [(name, summary["metrics"])], std=std)
@@ -467,6 +472,16 @@ def runs(
     dry_run: Annotated[
         bool, typer.Option(help="with --prune: name the checkpoints, delete nothing")
     ] = False,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            help="keep the runs one command started together: a group id or its prefix "
+            "(seeds-…, sweep-…, table-…; shown in the group column and the commands' --json)"
+        ),
+    ] = None,
+    sweep: Annotated[
+        str | None, typer.Option(help="keep one sweep's runs: its id, with or without sweep-")
+    ] = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
 ) -> None:
     """List the runs recorded in the run store, with the config keys that tell them apart."""
@@ -477,9 +492,15 @@ def runs(
         raise FedshiftError(f"no run store at {str(db)!r}; run `fedshift run` first or pass --db")
     if dry_run and not prune:
         raise FedshiftError("--dry-run goes with --prune (it shows what --prune would delete)")
+    if group and sweep:
+        raise FedshiftError("give --group or --sweep, not both (a sweep is a group)")
+    if sweep:
+        group = sweep if sweep.startswith("sweep-") else f"sweep-{sweep}"
     stored = RunStore(db).runs()
     conditions = parse_where(where or [], stored)
     selected = [r for r in stored if matches(r, conditions)]
+    if group:
+        selected = [r for r in selected if (r["group"] or "").startswith(group)]
     if prune:
         return _prune(db, selected, dry_run, json_)
     rows = [
@@ -497,6 +518,7 @@ def runs(
                 k: (r["metrics"] or {}).get(k) for k in ("worst", "average", "worst_client")
             },
             "config": r["config"],
+            "group": r["group"],
         }
         for r in selected
     ]
@@ -512,6 +534,9 @@ def runs(
     table.add_column("run_id", no_wrap=True, min_width=RUN_ID_WIDTH)  # never cut: it is copied
     for c in RUNS_FIXED[1:]:
         table.add_column(c)
+    grouped = any(r["group"] for r in rows)
+    if grouped:
+        table.add_column("group", no_wrap=True)
     for k in shown:
         table.add_column(escape(k))
     for c in ("worst", "average"):
@@ -525,6 +550,7 @@ def runs(
             escape(str(r["scenario"])),
             str(r["seed"]),
             f"{r['rounds_done']}/{r['rounds']}",
+            *([r["group"] or "—"] if grouped else []),
             *[escape(str(config[k])) if k in config else "—" for k in shown],
             fmt(r["metrics"]["worst"]),
             fmt(r["metrics"]["average"]),
@@ -533,7 +559,7 @@ def runs(
         also = escape(", ".join(varying[len(shown) :]))
         table.caption = f"also varying: {also} (narrow with --where)"
     if not rows:
-        table.caption = "no run matches" if where else "the store holds no runs"
+        table.caption = "no run matches" if where or group else "the store holds no runs"
     out.print(table)
 
 

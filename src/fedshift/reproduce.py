@@ -539,6 +539,9 @@ def run_table(
             )
         return data_cache[key]
 
+    from .results.store import new_group
+
+    group = new_group("table")  # the runs this command starts (reused ones keep theirs)
     results = []
     for m in methods:
         run_ids, per_seed = [], []
@@ -574,6 +577,7 @@ def run_table(
                             db=db,
                             on_round=on_round,
                             progress=False if progress else None,
+                            group=group,
                         )
                 except Diverged as e:  # a result of the table, not the end of it
                     run_ids.append(getattr(e, "run_id", None))

@@ -157,6 +157,9 @@ def run_sweep(
         check_config(per_seed[0])
         configs.append(per_seed)
 
+    from .results.store import new_group
+
+    group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
     done = []
     for params, per_seed in zip(points, configs, strict=True):
         point = GridPoint(params)
@@ -172,7 +175,11 @@ def run_sweep(
             )
             try:
                 outcome = run_api(
-                    cfg, db=db, on_round=on_round, progress=None if bar is None else False
+                    cfg,
+                    db=db,
+                    on_round=on_round,
+                    progress=None if bar is None else False,
+                    group=group,
                 )
             except Diverged as e:
                 point.run_ids.append(getattr(e, "run_id", None))
@@ -211,4 +218,5 @@ def run_sweep(
         "metrics": done[best]["metrics"],
         "metrics_std": done[best]["metrics_std"],
         "run_ids": [r for p in done for r in p["run_ids"]],
+        "group": group,
     }

@@ -70,7 +70,14 @@ MIGRATIONS = [
     ("rounds", "extras", "TEXT"),
     ("runs", "pid", "INTEGER"),
     ("runs", "overrides", "TEXT"),  # JSON list: keys changed on --resume, at which round
+    ("runs", "grp", "TEXT"),  # the group a run was started in (seeds-…, sweep-…, table-…)
 ]
+
+
+def new_group(kind: str) -> str:
+    """A fresh id for the runs one command starts together: ``seeds-…`` (``run --seeds``),
+    ``sweep-…`` (a sweep's grid × seeds), ``table-…`` (a ``reproduce``)."""
+    return f"{kind}-{secrets.token_hex(4)}"
 
 
 RUN_ID = re.compile(r"[0-9a-f]{10}")  # what start() generates: secrets.token_hex(5)
@@ -234,12 +241,14 @@ class RunStore:
                 time.sleep(pause)
                 pause = min(2 * pause, 30.0)
 
-    def start(self, config: dict[str, Any], environment: dict[str, Any]) -> str:
+    def start(
+        self, config: dict[str, Any], environment: dict[str, Any], group: str | None = None
+    ) -> str:
         run_id = secrets.token_hex(5)
         with closing(self._connect()) as conn, conn:
             conn.execute(
                 "INSERT INTO runs (run_id, created, status, algorithm, scenario, seed, rounds,"
-                " config, environment, pid) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                " config, environment, pid, grp) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                 (
                     run_id,
                     _now(),
@@ -251,6 +260,7 @@ class RunStore:
                     json.dumps(config),
                     json.dumps(environment),
                     os.getpid(),
+                    group,
                 ),
             )
         return run_id
@@ -413,6 +423,7 @@ class RunStore:
         for k in ("config", "environment", "metrics"):
             d[k] = json.loads(d[k]) if d[k] else None
         d["overrides"] = json.loads(d["overrides"]) if d.get("overrides") else []
+        d["group"] = d.pop("grp", None)
         if d["status"] == "running" and not _alive(d.pop("pid", None)):
             # its process is gone without a word (SIGKILL, power cut): resumable, not running
             d["status"] = "interrupted"
