@@ -100,10 +100,18 @@ def test_every_upload_excluded_by_the_norm_screen_is_divergence(tmp_path):
         run(faults_options={"max_norm": 0.5}, rounds=4)
 
 
-@pytest.mark.parametrize("faults", [{"drop": 1.0}, {"corrupt": 1.0}])
+@pytest.mark.parametrize("faults", [{"drop": 0.5}, {"clients": [0], "corrupt": 1.0}])
 def test_uploads_lost_to_injected_faults_are_not_divergence(faults):
     out = run(faults_options=faults, rounds=4)
     assert out.metrics["average"] > 0
+
+
+@pytest.mark.parametrize("faults", [{"drop": 1.0}, {"corrupt": 1.0}, {"delay": 10}])
+def test_a_run_that_aggregated_no_upload_at_all_is_not_a_success(faults):
+    """Issue 22: every upload dropped, corrupted or delayed past the end exited 0 as done
+    with the initial model; the run ends diverged, its rounds kept."""
+    with pytest.raises(Diverged, match="never left its initialisation"):
+        run(faults_options=faults, rounds=4)
 
 
 def test_a_sound_run_is_not_diverged():

@@ -350,7 +350,7 @@ class Runner:
                 raise RunStopped(r) from None
             last = r == self.rounds - 1
             lost.add(rec)
-            diverged = lost.verdict(self.rounds)
+            diverged = lost.verdict(self.rounds, last)
             if diverged is None and (last or (self.eval_every and (r + 1) % self.eval_every == 0)):
                 acc, summary, val_acc, val = self.evaluate(r)
                 rec.metrics, rec.val = summary, val
@@ -429,18 +429,31 @@ class LostRounds:
     def __init__(self, records: list[RoundRecord] = ()) -> None:
         self.lost: list[RoundRecord] = []
         self.streak = 0
+        self.seen = self.unaggregated = 0
         for rec in records:
             self.add(rec)
 
     def add(self, rec: RoundRecord) -> None:
+        self.seen += 1
+        events = rec.extras.get("events", [])
+        self.unaggregated += any(e["event"] == "no-usable-upload" for e in events)
         if lost_round(rec):
             self.lost.append(rec)
             self.streak += 1
         else:
             self.streak = 0
 
-    def verdict(self, rounds: int) -> str | None:
-        return divergence(self.lost, self.streak >= DIVERGED_STREAK, rounds)
+    def verdict(self, rounds: int, last: bool = False) -> str | None:
+        """Why the run has diverged, or None; at its ``last`` round also a run in which no
+        round aggregated an upload (injected faults took every one): it trained nothing."""
+        why = divergence(self.lost, self.streak >= DIVERGED_STREAK, rounds)
+        if why is None and last and self.seen and self.unaggregated == self.seen:
+            why = (
+                f"none of its {self.seen} rounds aggregated an upload (injected faults dropped "
+                "or delayed every one: faults.drop = 1 or faults.delay at least the rounds "
+                "left), so the model never left its initialisation"
+            )
+        return why
 
 
 def divergence(lost: list[RoundRecord], streak: bool, rounds: int) -> str | None:
