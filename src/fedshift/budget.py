@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from .config import apply
 from .errors import FedshiftError
 from .reproduce import (
     Table,
@@ -79,8 +80,6 @@ def estimate_table(
     for m in table.methods:
         cfg = method_config(table, m, {**overrides, "seed": 0})
         if table.sweep_key:  # the sweep's first value stands for all of them
-            from .config import apply
-
             apply(cfg, {table.sweep_key: table.sweep_values[0]})
         key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())))
         if key not in data_cache:
