@@ -92,38 +92,44 @@ def user_errors(fn):
         except KeyboardInterrupt:
             err.print("interrupted; the run store keeps the rounds finished so far")
             raise typer.Exit(130) from None
-        except sqlite3.DatabaseError as e:  # a damaged store (corrupt pages behind a valid header)
-            why = (
-                "is locked by another process (waited 30 s); try again when it has finished, "
-                "or give another --db"
-                if "locked" in str(e) or "busy" in str(e)
-                else "is read-only here; give a --db you can write to"
-                if "readonly" in str(e)
-                else f"cannot be read: {escape(str(e))}; restore it from a copy or give "
-                "another --db"
-            )
-            err.print(
-                f"[red]error:[/red] the run store {why}",
-                highlight=False,
-                soft_wrap=True,
-            )
+        except sqlite3.DatabaseError as e:  # damaged, locked or read-only store
+            err.print(f"[red]error:[/red] {store_sentence(e)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except OSError as e:
             if e.filename is None:  # not about a path the user gave: a real fault
                 raise
-            name = str(e.filename)
-            shown = escape(repr(name if len(name) <= 60 else f"{name[:40]}…{name[-15:]}"))
-            if e.errno == errno.ENAMETOOLONG:
-                why = (
-                    f"file name too long: {shown} ({len(name)} characters); the file system "
-                    "allows 255 bytes per name"
-                )
-            else:  # a path under a file, a read-only or full disk, no permission …
-                why = f"cannot use {shown}: {escape(e.strerror or str(e))}"
-            err.print(f"[red]error:[/red] {why}", highlight=False, soft_wrap=True)
+            err.print(f"[red]error:[/red] {path_sentence(e)}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
 
     return wrapper
+
+
+def store_sentence(e: sqlite3.DatabaseError) -> str:
+    """What is wrong with a run store SQLite could not use, and what to do (markup-safe)."""
+    text = str(e)
+    if "locked" in text or "busy" in text:
+        return (
+            "the run store is locked by another process (waited 30 s); try again when it has "
+            "finished, or give another --db"
+        )
+    if "readonly" in text:
+        return "the run store is read-only here; give a --db you can write to"
+    return (
+        f"the run store cannot be read: {escape(text)}; restore it from a copy or give another --db"
+    )
+
+
+def path_sentence(e: OSError) -> str:
+    """An OSError about a user's path (too long, below a file, read-only, full) as one
+    sentence naming the path (markup-safe)."""
+    name = str(e.filename)
+    shown = escape(repr(name if len(name) <= 60 else f"{name[:40]}…{name[-15:]}"))
+    if e.errno == errno.ENAMETOOLONG:
+        return (
+            f"file name too long: {shown} ({len(name)} characters); the file system allows "
+            "255 bytes per name"
+        )
+    return f"cannot use {shown}: {escape(e.strerror or str(e))}"
 
 
 def print_json(obj) -> None:
