@@ -17,16 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from .config import apply
-from .errors import FedshiftError
-from .reproduce import (
-    Table,
-    check_option_overrides,
-    load_table,
-    method_config,
-    missing_algorithms,
-    scenario_seed,
-    select_methods,
-)
+from .reproduce import ScenarioCache, Table, load_table, method_config, plan_table, select_methods
 
 
 def time_method(cfg, data, rounds_timed: int) -> dict[str, Any]:
@@ -72,23 +63,16 @@ def estimate_table(
     """Estimated wall time of every method of ``table`` (already restricted to the methods
     wanted and validated by the caller) at ``overrides``; ``progress(label)`` is told which
     method is being timed."""
-    from .data import build_scenario
-
     runs_per_seed = len(table.sweep_values) if table.sweep_key else 1
-    data_cache: dict[tuple, Any] = {}
+    data_for = ScenarioCache(table)
     rows = []
     for m in table.methods:
         cfg = method_config(table, m, {**overrides, "seed": 0})
         if table.sweep_key:  # the sweep's first value stands for all of them
             apply(cfg, {table.sweep_key: table.sweep_values[0]})
-        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())))
-        if key not in data_cache:
-            data_cache[key] = build_scenario(
-                cfg.scenario, cfg.scenario_options, scenario_seed(table, cfg), cfg.data_dir or None
-            )
         if progress is not None:
             progress(m.name)
-        timing = time_method(cfg, data_cache[key], rounds_timed)
+        timing = time_method(cfg, data_for(cfg), rounds_timed)
         runs = seeds * runs_per_seed
         rows.append({"method": m.name, "algorithm": m.algorithm, "runs": runs, **timing,
                      "total_s": runs * timing["run_s"]})  # fmt: skip
@@ -115,23 +99,12 @@ def estimate(
     progress=None,
 ) -> dict[str, Any]:
     """:func:`estimate_table` for a table id or file, with ``fedshift reproduce``'s options
-    (methods whose algorithm is not registered are left out and listed as ``skipped``)."""
-    from .plugins import import_modules
-
-    chosen = select_methods(load_table(source), methods)
-    import_modules(chosen.run.get("imports"))  # a table of the user's own methods
-    missing = missing_algorithms(chosen)
-    skipped = [m.name for m in chosen.methods if m.algorithm in missing]
-    if len(skipped) == len(chosen.methods):
-        raise FedshiftError(f"no method of table {chosen.id} has a registered algorithm")
-    table = replace(chosen, methods=[m for m in chosen.methods if m.algorithm not in missing])
-    overrides = {**(table.quick if quick else {}), **(extra or {})}
-    if rounds is not None:
-        overrides["rounds"] = rounds
-    k = seeds if seeds is not None else (1 if quick else table.seeds)
-    if k < 1:
-        raise FedshiftError(f"--seeds {k} must be at least 1")
-    for m in table.methods:  # every method's config valid before anything is timed
-        method_config(table, m, overrides)
-    check_option_overrides(table, table.methods, overrides)
-    return {**estimate_table(table, overrides, k, rounds_timed, progress), "skipped": skipped}
+    and checks (methods whose algorithm is not registered are left out, listed as
+    ``skipped``)."""
+    table = select_methods(load_table(source), methods)
+    plan = plan_table(
+        table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=True
+    )
+    table = replace(table, methods=plan.methods)
+    out = estimate_table(table, plan.overrides, plan.seeds, rounds_timed, progress)
+    return {**out, "skipped": plan.skipped}

@@ -337,6 +337,25 @@ def find_method(table: Table, name: str) -> Method:
     )
 
 
+class ScenarioCache:
+    """A table's scenarios, built once per (scenario, options, seed): every method of a
+    seed trains on the same partition."""
+
+    def __init__(self, table: Table) -> None:
+        self.table, self.built = table, {}
+
+    def __call__(self, cfg: RunConfig):
+        from .data import build_scenario
+
+        seed = scenario_seed(self.table, cfg)
+        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), seed)
+        if key not in self.built:
+            self.built[key] = build_scenario(
+                cfg.scenario, cfg.scenario_options, seed, cfg.data_dir or None
+            )
+        return self.built[key]
+
+
 @dataclass
 class Row:
     """One method of a table run on its own (``fedshift run TABLE --method NAME``), with
@@ -345,7 +364,10 @@ class Row:
 
     table: Table
     method: Method
-    _data: dict = field(default_factory=dict, init=False, repr=False)  # a fixed partition
+    _data: ScenarioCache = field(init=False, repr=False)  # a fixed partition, built once
+
+    def __post_init__(self) -> None:
+        self._data = ScenarioCache(self.table)
 
     def config(self, overrides: dict[str, Any]) -> RunConfig:
         """The row's validated config with ``overrides`` (``--set`` and options) on top."""
@@ -374,17 +396,7 @@ class Row:
     def data(self, cfg: RunConfig):
         """The data :func:`run_table` would give the run: None (the run builds its scenario
         from its seed) unless the table fixes ``scenario_seed``."""
-        if self.table.scenario_seed is None:
-            return None
-        from .data import build_scenario
-
-        seed = scenario_seed(self.table, cfg)
-        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), seed)
-        if key not in self._data:
-            self._data[key] = build_scenario(
-                cfg.scenario, cfg.scenario_options, seed, cfg.data_dir or None
-            )
-        return self._data[key]
+        return None if self.table.scenario_seed is None else self._data(cfg)
 
 
 def table_row(source: str | None, method: str | None) -> Row | None:
@@ -470,6 +482,62 @@ def _combine_sweep(metrics: list[dict], label: str, values: list) -> dict:
     }
 
 
+@dataclass
+class TablePlan:
+    """What a table command runs: its methods with a registered algorithm (the rest
+    ``skipped``), the config overrides every method gets, and the seeds per method."""
+
+    methods: list[Method]
+    skipped: list[str]
+    overrides: dict[str, Any]
+    seeds: int
+
+
+def plan_table(
+    table: Table,
+    *,
+    seeds: int | None = None,
+    rounds: int | None = None,
+    quick: bool = False,
+    extra: dict[str, Any] | None = None,
+    skip_missing: bool = False,
+) -> TablePlan:
+    """Check a table before anything runs (user modules imported, scenario registered,
+    every method's config valid) and say what runs: shared by ``reproduce`` and
+    ``reproduce --estimate``."""
+    from .data import SCENARIOS
+    from .plugins import import_modules
+
+    import_modules(table.run.get("imports"))  # a table of the user's own methods
+    missing = missing_algorithms(table)
+    if missing and not skip_missing:
+        raise FedshiftError(
+            f"table {table.id} needs algorithms that are not registered: {', '.join(missing)}; "
+            "run the others with --skip-missing"
+        )
+    scenario = RunConfig().scenario if "scenario" not in table.run else table.run["scenario"]
+    if scenario not in SCENARIOS:
+        raise FedshiftError(
+            f"table {table.id} needs scenario {scenario!r}, which is not registered; "
+            f"available: {', '.join(SCENARIOS.names())}"
+        )
+    methods = [m for m in table.methods if m.algorithm not in missing]
+    skipped = [m.name for m in table.methods if m.algorithm in missing]
+    if not methods:
+        raise FedshiftError(f"no method of table {table.id} has a registered algorithm")
+    overrides = dict(table.quick) if quick else {}
+    overrides.update(extra or {})
+    if rounds is not None:
+        overrides["rounds"] = rounds
+    k = seeds if seeds is not None else (1 if quick else table.seeds)
+    if k < 1:
+        raise FedshiftError(f"--seeds {k} must be at least 1")
+    for m in methods:  # validate every method's config before anything runs
+        method_config(table, m, overrides)
+    check_option_overrides(table, methods, overrides)
+    return TablePlan(methods, skipped, overrides, k)
+
+
 def run_table(
     table: Table,
     *,
@@ -491,53 +559,16 @@ def run_table(
     one its settings were selected with starts past it."""
     from .api import resume as resume_api
     from .api import run as run_api
-    from .data import build_scenario
     from .engine.runner import Diverged
-    from .plugins import import_modules
 
-    import_modules(table.run.get("imports"))  # a table of the user's own methods
-    missing = missing_algorithms(table)
-    if missing and not skip_missing:
-        raise FedshiftError(
-            f"table {table.id} needs algorithms that are not registered: {', '.join(missing)}; "
-            "run the others with --skip-missing"
-        )
-    from .data import SCENARIOS
-
-    scenario = RunConfig().scenario if "scenario" not in table.run else table.run["scenario"]
-    if scenario not in SCENARIOS:
-        raise FedshiftError(
-            f"table {table.id} needs scenario {scenario!r}, which is not registered; "
-            f"available: {', '.join(SCENARIOS.names())}"
-        )
-    methods = [m for m in table.methods if m.algorithm not in missing]
-    skipped = [m.name for m in table.methods if m.algorithm in missing]
-    if not methods:
-        raise FedshiftError(f"no method of table {table.id} has a registered algorithm")
-    overrides = dict(table.quick) if quick else {}
-    overrides.update(extra or {})
-    if rounds is not None:
-        overrides["rounds"] = rounds
-    k = seeds if seeds is not None else (1 if quick else table.seeds)
-    if k < 1:
-        raise FedshiftError(f"--seeds {k} must be at least 1")
     if first_seed < 0:
         raise FedshiftError(f"--first-seed {first_seed} must be 0 or more")
+    plan = plan_table(
+        table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
+    )
+    methods, skipped, overrides, k = plan.methods, plan.skipped, plan.overrides, plan.seeds
     sweep = table.sweep_values if table.sweep_key else [None]
-    for m in methods:  # validate every method's config before anything runs
-        method_config(table, m, overrides)
-    check_option_overrides(table, methods, overrides)
-
-    data_cache: dict[tuple, Any] = {}
-
-    def data_for(cfg: RunConfig):
-        seed = scenario_seed(table, cfg)
-        key = (cfg.scenario, repr(sorted(cfg.scenario_options.items())), seed)
-        if key not in data_cache:
-            data_cache[key] = build_scenario(
-                cfg.scenario, cfg.scenario_options, seed, cfg.data_dir or None
-            )
-        return data_cache[key]
+    data_for = ScenarioCache(table)
 
     from .results.store import new_group
 
@@ -580,7 +611,7 @@ def run_table(
                             group=group,
                         )
                 except Diverged as e:  # a result of the table, not the end of it
-                    run_ids.append(getattr(e, "run_id", None))
+                    run_ids.append(e.run_id)
                     sweep_metrics.append(diverged_metrics(str(e)))
                     continue
                 finally:

@@ -182,7 +182,7 @@ def run_sweep(
                     group=group,
                 )
             except Diverged as e:
-                point.run_ids.append(getattr(e, "run_id", None))
+                point.run_ids.append(e.run_id)
                 point.diverged = str(e)
                 break  # the point is out of the selection: its other seeds would not count
             finally:

@@ -505,6 +505,7 @@ class Diverged(FedshiftError):
         self.round = round_
         self.why = why
         self.hint = ""  # how to continue, added by the caller that knows the run id
+        self.run_id: str | None = None  # likewise: the stored run that diverged
 
 
 class NonFiniteState(Diverged):

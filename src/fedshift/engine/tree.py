@@ -45,8 +45,8 @@ def concat(trees: list[Mapping[str, Tensor]]) -> Tree:
 class Rows:
     """The chunks of one round stacked into a tree of ``total`` rows as they arrive: each
     chunk is copied into a tree allocated once and can be freed at once, so the round's
-    uploads are held once (``concat`` of a kept list holds them twice: 6.9 → 3.6 GB at
-    10,000 clients: a 6.9 → 4.3 GB peak). A round of one chunk is kept as it is, not copied."""
+    uploads are held once (``concat`` of a kept list holds them twice: at 10,000 MNIST
+    clients the peak fell from 6.9 to 4.3 GB). A round of one chunk is kept as it is."""
 
     def __init__(self, total: int):
         self.total, self.filled, self.tree = total, 0, None
