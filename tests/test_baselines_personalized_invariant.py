@@ -1,4 +1,5 @@
-"""Baselines of issue 5: Ditto, FedRep, FedRoD, FedPAC, DRFA, FedSR, FedIIR, IRM†-FT, IRM†-L2.
+"""Personalized and invariant baselines: Ditto, FedRep, FedRoD, FedPAC, DRFA, FedSR, FedIIR,
+IRM†-FT, IRM†-L2.
 
 Per method: a small hand-computed case, reduction tests, and cohort 1 == cohort C.
 """
@@ -17,7 +18,7 @@ from toy import toy_data
 from fedshift.algorithms.base import RoundInfo
 from fedshift.algorithms.common.alignment import alignment_loss, classifier_gradient
 from fedshift.algorithms.common.global_model import split_state
-from fedshift.algorithms.common.personal import l2_to
+from fedshift.algorithms.common.losses import squared_distance
 from fedshift.algorithms.common.simplex import project_simplex, simplex_qp
 from fedshift.algorithms.common.split import classify, features
 from fedshift.algorithms.drfa import drfa_lambda_step
@@ -85,7 +86,8 @@ def test_personal_loss_gradient_is_risk_gradient_plus_lambda_pull():
     risk = grad(lambda p: F.cross_entropy(ctx.forward(p, ctx.initial_buffers, x), y))(v)
     for k in v:  # ∇ [R(v) + (λ/2)‖v − w‖²] = ∇R(v) + λ(v − w)
         torch.testing.assert_close(got[k], risk[k] + 0.7 * (v[k] - w[k]))
-    assert l2_to({"a": torch.tensor([3.0])}, {"a": torch.tensor([1.0]), "env": None}) == 4.0
+    extras = {"a": torch.tensor([1.0]), "env": None}  # keys the model lacks are skipped
+    assert squared_distance({"a": torch.tensor([3.0])}, extras) == 4.0
 
 
 def test_irm_l2_global_model_is_irm_and_zero_weight_is_local():
