@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from toy import toy_data
@@ -264,10 +266,9 @@ def test_perinvfl_adam_engine_step_matches_algorithm_by_hand():
     exp = build_experiment(
         make_config(algorithm="perinvfl", **SETTINGS), data=toy_data(sizes=SIZES)
     )
-    ctx = exp.ctx
     eta, gamma, beta, weight = 0.03, 0.01, 0.7, torch.tensor(50.0)
+    ctx = dataclasses.replace(exp.ctx, sgd=SGDConfig(gamma))
     alg = PerInvFL(PerInvFLHyper(beta=beta, personal_steps=3, personal_lr=eta), ctx)
-    ctx.sgd = SGDConfig(gamma)
     g = torch.Generator().manual_seed(2)
     nu = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in ctx.initial_params.items()}
     theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in nu.items()}

@@ -1,8 +1,8 @@
 """fedshift: federated learning under distribution shift, with clients as a tensor dimension."""
 
-__version__ = "0.1.0"
+import os as _os
 
-import os as _os  # noqa: E402
+from ._version import __version__
 
 # Idle OpenMP threads sleep instead of spinning: beside other busy processes, spinning
 # threads starve each other (a batched step took 10 ms on one thread and 90–145 ms on two

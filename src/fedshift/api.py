@@ -29,7 +29,7 @@ from .errors import FedshiftError
 from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
 from .plugins import import_modules, imported_already, user_modules
-from .results.store import DEFAULT_DB, RunStore, _now, check_run_id
+from .results.store import DEFAULT_DB, RunStore, _now, check_run_id, checkpoint_path
 
 
 @dataclass
@@ -182,12 +182,6 @@ def check_same_data(record: dict, data: FederatedData, seed: int) -> None:
         f"on (fingerprint {now[:12]}…, recorded {kept['fingerprint'][:12]}…): {why}; resume it "
         f"from Python with that data: fedshift.api.resume({record['run_id']!r}, db, data=…)"
     )
-
-
-def checkpoint_path(db: str | Path, run_id: str) -> Path:
-    """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store
-    (the id is checked first, so no id can point outside that folder)."""
-    return Path(db).parent / "checkpoints" / f"{check_run_id(run_id)}.pt"
 
 
 @contextlib.contextmanager

@@ -5,25 +5,32 @@ from __future__ import annotations
 
 import errno
 import functools
-import json
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .cli_once import OnceCommand
 from .cli_options import (  # noqa: F401  (fedshift.cli names)
+    STORE,
+    DataDirOption,
+    DbOption,
+    DeviceOption,
     ImportOption,
+    JsonOption,
     MethodOption,
+    RoundsOption,
+    SeedOption,
+    SeedsOption,
+    SetOption,
     SourceArgument,
     import_first,
 )
+from .cli_output import err, fmt, out, print_json, progress_bar, summary_table  # noqa: F401
 from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
@@ -38,16 +45,12 @@ app = typer.Typer(
 app.add_typer(flower_app, name="flower")  # fedshift flower run … (Flower imported when run)
 data_app = typer.Typer(no_args_is_help=True, help="Prepare dataset folders from raw files.")
 app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
-# no ":name:" emoji codes: user text (keys, values, paths) is printed as written, and
-# markup in it is escaped (rich.markup.escape) wherever it is interpolated
-err = Console(stderr=True, emoji=False)
-out = Console(emoji=False)
 RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
 
 
 def _print_version(value: bool) -> None:
     if value:
-        from . import __version__
+        from ._version import __version__
 
         out.print(f"fedshift {__version__}", highlight=False)
         raise typer.Exit()
@@ -132,84 +135,22 @@ def path_sentence(e: OSError) -> str:
     return f"cannot use {shown}: {escape(e.strerror or str(e))}"
 
 
-def print_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
-
-
-def fmt(v) -> str:
-    return "—" if v is None else f"{v:.1f}"
-
-
-def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | None = None) -> Table:
-    """Accuracy (%) per test environment, then worst, average and worst client; one column
-    per run (environments are rows, so eleven of them still fit a terminal). With ``std``
-    (one dict per column, same shape as the metrics) cells read ``mean ± std``."""
-    envs = list(dict.fromkeys(e for _, m in rows for e in m["per_env"]))  # every run's
-    table = Table(title=title)
-    table.add_column("test environment")
-    for name, m in rows:
-        mark = " †" if m.get("degenerate") and "†" not in name else ""
-        table.add_column(escape(name) + mark, justify="right")
-
-    def cell(i: int, m: dict, get) -> str:
-        if std is None:
-            return fmt(get(m))
-        return f"{fmt(get(m))} ± {fmt(get(std[i]))}"
-
-    for e in envs:
-        table.add_row(
-            escape(e),
-            *[cell(i, m, lambda d, e=e: d["per_env"].get(e)) for i, (_, m) in enumerate(rows)],
-        )
-    table.add_section()
-    for key, label in (
-        ("worst", "worst"),
-        ("average", "average"),
-        ("worst_client", "worst client"),
-    ):
-        table.add_row(
-            label,
-            *[cell(i, m, lambda d, key=key: d[key]) for i, (_, m) in enumerate(rows)],
-            style="bold",
-        )
-    if any(m.get("degenerate") for _, m in rows):
-        table.caption = (
-            "† degenerate: the model answers one class everywhere or never left chance-level "
-            "training loss; its accuracies are no result"
-        )
-    return table
-
-
-def progress_bar(total: int, label: str):
-    """The run's progress line on stderr (``fedshift.progress``) and its ``on_round``."""
-    from .progress import progress_bar as bar
-
-    return bar(total, label, err)
-
-
 @app.command(cls=OnceCommand)
 @user_errors
 def run(
     source: SourceArgument = None,
     method: MethodOption = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
-    ] = None,
-    rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
-    seed: Annotated[int | None, typer.Option(help="run seed")] = None,
-    seeds: Annotated[
-        str | None, typer.Option(help="several seeds, e.g. 0,1,2: one run each, mean ± std")
-    ] = None,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    seed: SeedOption = None,
+    seeds: SeedsOption = None,
     cohort_size: Annotated[
         int | None, typer.Option(help="clients trained together in one batch (0 = all)")
     ] = None,
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
-    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[
-        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
-    ] = None,
-    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    db: DbOption = STORE,
+    json_: JsonOption = False,
+    device: DeviceOption = None,
+    data_dir: DataDirOption = None,
     threads: Annotated[
         int | None,
         typer.Option(help="intra-op threads (default: the cores; 1 on a busy shared machine)"),
@@ -300,13 +241,11 @@ def sweep(
         list[str] | None, typer.Option("--grid", "-g", help="swept key: key=v1,v2,… (repeatable)")
     ] = None,
     seeds: Annotated[str, typer.Option(help="seeds per grid point, e.g. 0,1,2")] = "0",
-    rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
-    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[
-        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
-    ] = None,
-    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    rounds: RoundsOption = None,
+    db: DbOption = STORE,
+    json_: JsonOption = False,
+    device: DeviceOption = None,
+    data_dir: DataDirOption = None,
     imports: ImportOption = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
@@ -445,8 +384,7 @@ def _list_presets(items: list[dict]) -> None:
 def _resumable(db: Path, run: dict) -> bool:
     """Whether ``--resume`` can continue (or repair) a run: unfinished, or done without
     final metrics, with a checkpoint; a run id of a foreign format names no checkpoint."""
-    from .api import checkpoint_path
-    from .results.store import RUN_ID
+    from .results.store import RUN_ID, checkpoint_path
 
     unfinished = run["status"] != "done" or not run["metrics"]
     if not unfinished or not RUN_ID.fullmatch(str(run["run_id"])):
@@ -461,7 +399,7 @@ MAX_VARYING = 6  # more varying keys than this go to the caption (narrow with --
 @app.command(cls=OnceCommand)
 @user_errors
 def runs(
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    db: DbOption = STORE,
     where: Annotated[
         list[str] | None,
         typer.Option(
@@ -590,7 +528,7 @@ def _prune(db: Path, runs: list[dict], dry_run: bool, json_: bool) -> None:
 @user_errors
 def show(
     run_id: Annotated[str, typer.Argument(help="a run id or a unique prefix of one")],
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    db: DbOption = STORE,
     all_rounds: Annotated[
         bool, typer.Option(help="every stored round, not only the evaluated ones")
     ] = False,
@@ -627,7 +565,7 @@ def describe(
         list[str] | None, typer.Option("--set", "-s", help="scenario option: key=value")
     ] = None,
     seed: Annotated[int, typer.Option(help="scenario seed")] = 0,
-    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    data_dir: DataDirOption = None,
     json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
     imports: ImportOption = None,
 ) -> None:
@@ -670,7 +608,7 @@ def describe(
 @user_errors
 def report(
     run_ids: Annotated[list[str], typer.Argument(help="one or more run ids (or unique prefixes)")],
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    db: DbOption = STORE,
     out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
     format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
     force: Annotated[
@@ -691,7 +629,7 @@ def report(
 @user_errors
 def compare(
     run_ids: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes)")],
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    db: DbOption = STORE,
     out_dir: Annotated[Path, typer.Option("--out", help="where the plots go")] = Path(
         "fedshift-compare"
     ),
@@ -763,7 +701,7 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-demo"
     ),
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
+    db: DbOption = STORE,
     rounds: Annotated[int, typer.Option(help="rounds per method")] = 30,
     seed: Annotated[int, typer.Option(help="run seed")] = 0,
     force: Annotated[
@@ -817,15 +755,13 @@ def reproduce(
         typer.Option(help="run only these methods: names or algorithms, comma-separated"),
     ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
-    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    db: DbOption = STORE,
+    json_: JsonOption = False,
     skip_missing: Annotated[
         bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")
     ] = False,
-    device: Annotated[
-        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
-    ] = None,
-    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    device: DeviceOption = None,
+    data_dir: DataDirOption = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -928,8 +864,8 @@ def export_partition(
         typer.Option("--set", "-s", help="scenario=NAME or scenario.OPTION=VALUE"),
     ] = None,
     seed: Annotated[int, typer.Option(help="the run seed whose partition to write")] = 0,
-    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
-    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
+    data_dir: DataDirOption = None,
+    json_: JsonOption = False,
     imports: ImportOption = None,
 ) -> None:
     """Write which images each client of a scenario holds (index lists, JSON or NPZ), for

@@ -1,13 +1,32 @@
-"""Options ``fedshift run`` and ``fedshift flower run`` declare alike, here so that
-``fedshift.flower.cli`` can use them without importing ``fedshift.cli``: the run's source
-and ``--method``, and ``--import``, which every command that looks a registered name up
-takes (``run``, ``sweep``, ``reproduce``, ``list``, ``describe``, ``flower run`` …)."""
+"""Options several commands declare alike (``run``, ``sweep``, ``reproduce``, ``runs``,
+``report``, ``flower run`` …), declared once here so that ``fedshift.flower.cli`` can use
+them without importing ``fedshift.cli``: the run's source and ``--method``, ``--set``,
+``--rounds``, ``--seed(s)``, the run store, ``--json``, ``--device``, ``--data-dir``, and
+``--import``, which every command that looks a registered name up takes."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
+
+STORE = Path("runs/fedshift.db")  # the default run store of every command
+
+DbOption = Annotated[Path, typer.Option(help="run store (SQLite)")]
+JsonOption = Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")]
+DeviceOption = Annotated[
+    str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
+]
+DataDirOption = Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")]
+RoundsOption = Annotated[int | None, typer.Option(help="communication rounds")]
+SeedOption = Annotated[int | None, typer.Option(help="run seed")]
+SeedsOption = Annotated[
+    str | None, typer.Option(help="several seeds, e.g. 0,1,2: one run each, mean ± std")
+]
+SetOption = Annotated[
+    list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
+]
 
 SourceArgument = Annotated[
     str | None,

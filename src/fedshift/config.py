@@ -277,16 +277,29 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-PRESET_PACKAGE = "fedshift.presets"
+PRESET_PACKAGE = "fedshift.presets"  # run presets: one run config each
+TABLE_PACKAGE = "fedshift.configs"  # paper tables: `fedshift reproduce` reads them
+
+
+def _bundled_names(package: str) -> list[str]:
+    files = resources.files(package)
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
 
 
 def preset_names() -> list[str]:
-    files = resources.files(PRESET_PACKAGE)
-    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
+    return _bundled_names(PRESET_PACKAGE)
 
 
 def preset_text(name: str) -> str:
     return resources.files(PRESET_PACKAGE).joinpath(f"{name}.toml").read_text()
+
+
+def table_names() -> list[str]:
+    return _bundled_names(TABLE_PACKAGE)
+
+
+def table_text(name: str) -> str:
+    return resources.files(TABLE_PACKAGE).joinpath(f"{name}.toml").read_text()
 
 
 def load_source(source: str) -> dict[str, Any]:
@@ -304,8 +317,6 @@ def load_source(source: str) -> dict[str, Any]:
     elif source in preset_names():
         text = preset_text(source)
     else:
-        from .reproduce import table_names
-
         tables = table_names()
         if source in tables:
             raise FedshiftError(_table_given(source))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import __version__
+from ._version import __version__
 from .algorithms import ALGORITHMS, Algorithm
 from .config import RunConfig
 from .data import FederatedData, build_scenario
@@ -78,7 +78,7 @@ def build_experiment(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = build_model(model_name, data.input_shape, data.num_classes, cfg.model_options)
-    model = model.to(device)
+    model = alg_cls.wrap_model(model.to(device), hyper, data, cfg.seed)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     ctx = Context(

@@ -55,15 +55,21 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, _flatten, apply, parse_toml, tomllib  # tomli on Python 3.10
+from .config import (  # tomllib: tomli on Python 3.10
+    RunConfig,
+    _flatten,
+    apply,
+    parse_toml,
+    table_names,
+    table_text,
+    tomllib,
+)
 from .errors import FedshiftError, did_you_mean
 from .eval.metrics import mean_std
 
-CONFIG_PACKAGE = "fedshift.configs"
 METRICS = ("worst", "average", "worst_client", "average_pooled")
 # "accuracy" = the client-averaged mean; "accuracy_pooled" = Σ correct / Σ samples (the pFedMe
 # code's, which the thesis's Table 3.1 builds on)
@@ -100,15 +106,6 @@ class Table:
 
 
 # ---------------------------------------------------------------- loading
-
-
-def table_names() -> list[str]:
-    files = resources.files(CONFIG_PACKAGE)
-    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
-
-
-def table_text(name: str) -> str:
-    return resources.files(CONFIG_PACKAGE).joinpath(f"{name}.toml").read_text()
 
 
 def load_table(source: str) -> Table:

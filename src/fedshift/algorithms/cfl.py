@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from ..engine.tree import Tree, strip_prefix, take, weighted_mean, with_prefix
+from ..engine.contract import Tree, strip_prefix, take, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.tree import Tree, stack
+from ..engine.contract import Tree, stack
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import centroids, flatten_rows, kmeans, match_to_previous

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..engine.tree import Tree
+from ..engine.contract import Tree
 from ..options import opt, require
 from .base import RoundInfo, register_algorithm
 from .cgpfl import CGPFL, ContextHyper

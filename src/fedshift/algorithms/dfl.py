@@ -46,9 +46,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from ..engine.local import LocalTrainer
-from ..engine.rng import generator
-from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, generator, stack, strip_prefix, weighted_mean, with_prefix
 from ..models.two_branch import TwoBranch
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
@@ -83,16 +81,15 @@ class DFL(Algorithm):
     Hyper = DFLHyper
     personalized = True
 
+    @classmethod
+    def wrap_model(cls, model, hyper, data, seed):
+        """E_c is the run's model's extractor; E_s a freshly initialised copy of it (seeded
+        by ``seed + 1``), the head reads both."""
+        return TwoBranch(model, data.num_classes, seed=seed + 1)
+
     def __init__(self, hyper, ctx) -> None:
         super().__init__(hyper, ctx)
-        net = TwoBranch(ctx.model, ctx.data.num_classes, seed=ctx.seed + 1)
-        ctx.model, ctx.trainer = (
-            net,
-            LocalTrainer(net, compile=ctx.trainer.compile, execution=ctx.trainer.execution),
-        )
-        ctx.initial_params = {k: v.detach().clone() for k, v in net.named_parameters()}
-        ctx.initial_buffers = {k: v.detach().clone() for k, v in net.named_buffers()}
-        self.net = net
+        net = self.net = ctx.model  # the TwoBranch of wrap_model
         self.frozen_invariant = copy.deepcopy(net.extractor.invariant).eval()  # E_c^G
         self.frozen_specific = copy.deepcopy(net.extractor.specific).eval()  # donors E_s^j
         self.transfer = hyper.lambda_ > 0 and hyper.donors > 0

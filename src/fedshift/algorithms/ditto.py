@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.tree import Tree
+from ..engine.contract import Tree
 from ..options import opt, require
 from .base import ClientResult, Payload, register_algorithm
 from .common.personal import L2Personalization

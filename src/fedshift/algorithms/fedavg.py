@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.fused import plain_cross_entropy
-from ..engine.tree import Tree, weighted_mean
+from ..engine.contract import Tree, plain_cross_entropy, weighted_mean
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
 from .common.global_model import GlobalModelAlgorithm, model_state

@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from ..engine.tree import Tree, select, stack
+from ..engine.contract import Tree, select, stack
 from ..models.layers import batchnorm_keys
 from ..options import opt
 from .base import ClientResult, Payload, Prediction, register_algorithm

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.rng import generator
-from ..engine.tree import Tree, put, strip_prefix, take, with_prefix
+from ..engine.contract import Tree, generator, put, strip_prefix, take, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, select, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, select, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.alignment import classifier_gradient, gradient_alignment_penalty

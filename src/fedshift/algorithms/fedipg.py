@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, weighted_mean
+from ..engine.contract import Tree, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

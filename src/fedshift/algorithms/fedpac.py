@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.tree import Tree, select, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, select, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.alignment import alignment_loss, class_feature_sums

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.tree import Tree
+from ..engine.contract import Tree
 from ..options import opt, require
 from .base import register_algorithm
 from .common.losses import cross_entropy, squared_distance

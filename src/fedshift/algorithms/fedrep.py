@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, select, stack, weighted_mean, with_prefix
+from ..engine.contract import Tree, select, stack, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, select, stack, strip_prefix, with_prefix
+from ..engine.contract import Tree, select, stack, strip_prefix, with_prefix
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import model_state, split_state

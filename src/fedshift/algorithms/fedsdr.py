@@ -20,15 +20,8 @@ Requires environment ids in the training split (the method's known limitation).
 Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis §4.5.2).
 Not given by the thesis, ours: α_th = 1.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
-Ours, off by default (docs/methods/invariant.md, measured on ``scm``): what stage 2
-decorrelates Φ_u from (``shortcut_view``): ``disagreement`` = the environment classifiers'
-centred outputs; ``signature`` = Ψ(x) projected on the directions whose class-conditional means
-differ between environments more than between the clients of one environment (Lemma 4.4.1's
-Z_S ⊥ U | Y, E; each participant uploads per-(environment, class) sums of Ψ^t(x), the server
-keeps every client's last report and solves an eigenproblem, common/shortcut_signature.py;
-the view used in round t comes from the reports up to round t − 1). And how Î is estimated
-(``mi_estimator``): ``correlation`` = mean |within-class correlation| of Φ_u and the view
-(scale-free), ``prediction`` = the same between f_u's centred logits and the view.
+Ours, off by default: other shortcut views and estimators of Î (``shortcut_view``,
+``mi_estimator``), in fedsdr_views.py.
 """
 
 from __future__ import annotations
@@ -38,27 +31,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
-from .common.alignment import class_feature_sums
 from .common.global_model import model_state, split_state
-from .common.local_stats import client_sums
 from .common.losses import cross_entropy
 from .common.representation import (
-    conditional_correlation_l1,
     conditional_cross_moment_l1,
     environment_disagreement,
     features,
     head,
     one_hot,
 )
-from .common.shortcut_signature import group_means, shortcut_directions, within_covariance
+from .fedsdr_views import ESTIMATORS, SERVER_ONLY, VIEWS, SignatureView, correlation_penalty
 
 ENV = ("env.weight", "env.bias")
-VIEWS = ("features", "disagreement", "signature")
-ESTIMATORS = ("moment", "correlation", "prediction")
-SERVER_ONLY = ("sig/sum", "sig/count", "sig/within")
 
 
 @dataclass(frozen=True)
@@ -109,7 +96,7 @@ class FedSDRHyper:
         require(self.env_epochs >= 0, "algorithm.env_epochs must be >= 0")
 
 
-class ShortcutDiscovery:
+class ShortcutDiscovery(SignatureView):
     """Stage 1 and the ℓ_SR loss, shared by FedSDR and its +FedAvg / +pFedMe variants.
     Server keys: ``sd/p/*``, ``sd/b/*`` (ω∘Ψ) and ``env.weight`` [E, K, d], ``env.bias`` [E, K]."""
 
@@ -127,15 +114,7 @@ class ShortcutDiscovery:
             "env.weight": (torch.rand(e, k, d, generator=g) * 2 - 1) * bound,
             "env.bias": (torch.rand(e, k, generator=g) * 2 - 1) * bound,
         }
-        if self.hp.shortcut_view == "signature":
-            env.update(
-                {
-                    "sig/sum": torch.zeros(data.num_clients, e, k, d),
-                    "sig/count": torch.zeros(data.num_clients, e, k),
-                    "sig/within": torch.zeros(d, d),
-                    "sig/proj": torch.zeros(d, d),
-                }
-            )
+        env.update(self.signature_tables(e, k, d))
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         return {**with_prefix(state, "sd/"), **{n: v.to(self.ctx.device) for n, v in env.items()}}
 
@@ -177,10 +156,8 @@ class ShortcutDiscovery:
             return risk
         if self.hp.mi_estimator == "moment":
             return risk + self.hp.gamma * conditional_cross_moment_l1(phi, psi, y, w, k)
-        if self.hp.mi_estimator == "correlation":
-            return risk + self.hp.gamma * conditional_correlation_l1(phi, psi, y, w, k)
-        scores = logits - logits.mean(1, keepdim=True)
-        return risk + self.hp.gamma * conditional_correlation_l1(scores, psi, y, w, k)
+        penalty = correlation_penalty(self.hp.mi_estimator, phi, logits, psi, y, w, k)
+        return risk + self.hp.gamma * penalty
 
     def shortcut(self, extras: Tree, x):
         """The discovered shortcut representation of ``x`` that stage 2 removes."""
@@ -200,45 +177,6 @@ class ShortcutDiscovery:
             proj = server["sig/proj"]
             env["sig/proj"] = proj[:, proj.abs().sum(0) > 0]  # the directions found so far
         return {**with_prefix({**params, **env}, "sp/"), **with_prefix(buffers, "sb/")}
-
-    def signature_stats(self, model: Tree, shared: Tree, x, y, mask) -> Tree:
-        """For ONE client's chunk, grouped by environment × class (``y`` = env·K + class):
-        counts, feature sums, and Σ Ψ(x)Ψ(x)ᵀ."""
-        groups = len(self.ctx.data.train_env_names) * self.ctx.data.num_classes
-        sums = class_feature_sums(self.ctx, {**shared, **model}, x, y, mask, groups, outer=True)
-        return with_prefix({k: sums[k] for k in ("count", "sum", "outer")}, "sig/")
-
-    def signature_upload(self, payload: Payload, cohort) -> Tree:
-        """Each client's statistics of the received Ψ^t, for the signature view."""
-        if self.hp.shortcut_view != "signature":
-            return {}
-        if getattr(self, "_group_labels", None) is None:  # environment·K + class, per row
-            data = self.ctx.data
-            self._group_labels = data.train.env * data.num_classes + data.train.y
-        model = strip_prefix(payload.broadcast, "sd/")
-        return client_sums(
-            self.ctx, self.signature_stats, cohort, {}, model, labels=self._group_labels
-        )
-
-    def signature_aggregate(self, out: Tree, uploads: Tree, info: RoundInfo) -> None:
-        """Store the participants' group means, then recompute the shortcut directions from
-        every client reported so far (their last report)."""
-        if self.hp.shortcut_view != "signature":
-            return
-        e, k = len(self.ctx.data.train_env_names), self.ctx.data.num_classes
-        counts, sums = uploads["sig/count"], uploads["sig/sum"]  # [C, E·K], [C, E·K, d]
-        ids = info.ids.to(out["sig/sum"].device)
-        out["sig/sum"] = out["sig/sum"].index_copy(0, ids, sums.view(len(ids), e, k, -1))
-        out["sig/count"] = out["sig/count"].index_copy(0, ids, counts.view(len(ids), e, k))
-        if counts.sum() > 0:
-            out["sig/within"] = within_covariance(uploads["sig/outer"], sums, counts)
-        out["sig/proj"] = shortcut_directions(
-            group_means(out["sig/sum"], out["sig/count"]),
-            out["sig/count"],
-            out["sig/within"],
-            self.hp.signature_ridge,
-            self.hp.signature_threshold,
-        )
 
     def discovery_train(self, payload: Payload, cohort) -> Tree:
         """R local iterations of stage 1; returns the upload (sd/* and env.*)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.rng import torch_seed
-from ..engine.tree import Tree, stack, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, torch_seed, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

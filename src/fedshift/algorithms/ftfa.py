@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.tree import Tree
+from ..engine.contract import Tree
 from ..options import opt, require
 from .base import Prediction, register_algorithm
 from .common.finetune import finetuned_prediction

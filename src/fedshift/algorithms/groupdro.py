@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, weighted_mean
+from ..engine.contract import Tree, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.invariance import groupdro_weights

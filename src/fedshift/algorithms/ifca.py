@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses, fresh_init

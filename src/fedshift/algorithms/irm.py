@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree
+from ..engine.contract import Tree
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper

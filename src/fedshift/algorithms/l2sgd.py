@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.rng import generator
-from ..engine.tree import Tree, weighted_mean
+from ..engine.contract import Tree, generator, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

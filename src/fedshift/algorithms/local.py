@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.fused import plain_cross_entropy
-from ..engine.tree import Tree
+from ..engine.contract import Tree, plain_cross_entropy
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy

@@ -35,9 +35,7 @@ from dataclasses import dataclass
 
 from torch.func import grad, jvp
 
-from ..engine.execution import single_threaded
-from ..engine.sgd import SGDConfig
-from ..engine.tree import Tree, stack
+from ..engine.contract import SGDConfig, Tree, single_threaded, stack
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state

@@ -44,8 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad
 
-from ..engine.sgd import SGDConfig
-from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import SGDConfig, Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ADAM_BETAS, ADAM_EPS, adam_step  # noqa: F401 (re-export)

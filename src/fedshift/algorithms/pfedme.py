@@ -24,8 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.sgd import SGDConfig
-from ..engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import SGDConfig, Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state

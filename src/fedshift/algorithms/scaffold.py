@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.tree import Tree, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state

@@ -37,9 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import grad, vmap
 
-from ..engine.rng import generator
-from ..engine.schedule import client_order
-from ..engine.tree import Tree, stack
+from ..engine.contract import Tree, client_order, generator, stack
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import kmeans, silhouette_curve

@@ -10,19 +10,18 @@ always gives the same partition.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import FedshiftError
+from ..seeding import purpose_code, stream
 
 
 def make_rng(seed: int, purpose: str, *extra: int) -> np.random.Generator:
     """A generator private to ``(seed, purpose, *extra)``: independent streams per purpose,
     so adding a random draw in one place never shifts the numbers drawn in another."""
-    words = [int(seed) % 2**64, zlib.crc32(purpose.encode())] + [int(e) % 2**64 for e in extra]
-    return np.random.default_rng(np.random.SeedSequence(words))
+    return stream(int(seed) % 2**64, purpose_code(purpose), *(int(e) % 2**64 for e in extra))
 
 
 def _offsets(sizes: np.ndarray) -> np.ndarray:

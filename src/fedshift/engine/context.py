@@ -1,5 +1,7 @@
 """What an algorithm may use: the model as a pure function, the data, the training
-settings, and one call that trains a cohort locally. Algorithms own no loop of their own."""
+settings, and one call that trains a cohort locally. Algorithms own no loop of their own,
+and the context is frozen: it is shared by every method of the run's engine, so a method
+that trains another model says so with ``Algorithm.wrap_model`` instead of replacing it."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class Cohort:
         return int(self.ids.numel())
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
     model: FedModel
     data: FederatedData  # on `device`

@@ -6,21 +6,14 @@ which clients are visited (and under Flower, where each client runs elsewhere).
 
 from __future__ import annotations
 
-import zlib
-
 import numpy as np
 
-
-def purpose_code(purpose: str) -> int:
-    return zlib.crc32(purpose.encode())
+from ..seeding import purpose_code, stream
 
 
 def generator(seed: int, round_: int, client: int, purpose: str) -> np.random.Generator:
     """A numpy generator private to one (seed, round, client, purpose) tuple."""
-    ss = np.random.SeedSequence(
-        [int(seed), int(round_) + 1, int(client) + 1, purpose_code(purpose)]
-    )
-    return np.random.default_rng(ss)
+    return stream(int(seed), int(round_) + 1, int(client) + 1, purpose_code(purpose))
 
 
 def torch_seed(seed: int, round_: int, client: int, purpose: str) -> int:

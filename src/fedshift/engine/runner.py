@@ -16,13 +16,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..algorithms.base import Algorithm, RoundInfo
 from ..data.federated import Split
 from ..errors import FedshiftError
 from ..eval.evaluate import label_counts, prediction_counts
 from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
 from .checkpoint import save_checkpoint
 from .context import Context
+from .contract import Algorithm, RoundInfo
 from .faults import FaultOptions, corrupt, finite, injected_fault, screen
 from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round

@@ -7,13 +7,27 @@ run vmapped over the cohort, each client on its own padded rows with a validity 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Protocol
+
 import torch
 from torch import Tensor
 from torch.func import vmap
 
-from ..data.federated import Split
-from ..engine.context import Context
-from ..engine.tree import Tree
+from ..data.federated import FederatedData, Split
+
+Tree = Mapping[str, Tensor]
+
+
+class Evaluable(Protocol):
+    """What evaluation needs of a run: its model (put in eval mode), its data's class count
+    and the model as a function of the parameters (the engine's ``Context`` is one)."""
+
+    model: torch.nn.Module
+    data: FederatedData
+
+    def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor: ...
+
 
 EVAL_BATCH = 4096  # samples per forward pass (summed over the cohort)
 
@@ -32,7 +46,7 @@ def _rows(split: Split, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 @torch.no_grad()
 def correct_counts(
-    ctx: Context, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
+    ctx: Evaluable, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Correct predictions and sample counts per client of ``ids`` on ``split`` ([C] each)."""
     correct, sizes, _ = prediction_counts(ctx, params, buffers, shared, split, ids)
@@ -41,7 +55,7 @@ def correct_counts(
 
 @torch.no_grad()
 def prediction_counts(
-    ctx: Context, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
+    ctx: Evaluable, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Correct predictions [C], sample counts [C] and predicted-class counts [C, K] per
     client of ``ids`` on ``split``; the class counts let reports tell a model that reads the

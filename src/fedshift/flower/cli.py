@@ -14,8 +14,23 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from .. import cli_output as output
 from ..cli_once import OnceCommand
-from ..cli_options import ImportOption, MethodOption, SourceArgument, import_first
+from ..cli_options import (
+    STORE,
+    DataDirOption,
+    DbOption,
+    DeviceOption,
+    ImportOption,
+    JsonOption,
+    MethodOption,
+    RoundsOption,
+    SeedOption,
+    SeedsOption,
+    SetOption,
+    SourceArgument,
+    import_first,
+)
 from ..errors import FedshiftError
 
 app = typer.Typer(
@@ -24,33 +39,21 @@ app = typer.Typer(
 )
 
 
-def _cli():
-    from .. import cli  # the parent command's helpers (late: cli.py registers this group)
-
-    return cli
-
-
 @app.command("run", cls=OnceCommand)
 def run(
     source: SourceArgument = None,
     method: MethodOption = None,
-    set_: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="override a config key: key=value")
-    ] = None,
-    rounds: Annotated[int | None, typer.Option(help="communication rounds")] = None,
-    seed: Annotated[int | None, typer.Option(help="run seed")] = None,
-    seeds: Annotated[
-        str | None, typer.Option(help="several seeds, e.g. 0,1,2: one run each, mean ± std")
-    ] = None,
+    set_: SetOption = None,
+    rounds: RoundsOption = None,
+    seed: SeedOption = None,
+    seeds: SeedsOption = None,
     cohort_size: Annotated[
         int | None, typer.Option(help="clients configured together per round (0 = all)")
     ] = None,
-    db: Annotated[Path, typer.Option(help="run store (SQLite)")] = Path("runs/fedshift.db"),
-    json_: Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")] = False,
-    device: Annotated[
-        str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
-    ] = None,
-    data_dir: Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")] = None,
+    db: DbOption = STORE,
+    json_: JsonOption = False,
+    device: DeviceOption = None,
+    data_dir: DataDirOption = None,
     simulation: Annotated[
         bool, typer.Option("--simulation", help="Flower's simulation engine, in this process")
     ] = False,
@@ -78,23 +81,22 @@ def run(
     imports: ImportOption = None,
 ) -> None:
     """Run one experiment (or one per seed) on Flower and record it in the run store."""
-    cli = _cli()
     try:
         _run(
-            cli, source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device,
+            source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device,
             data_dir, simulation, deployment, superlink, address, root_certificates, insecure,
             actors, round_timeout, imports,
         )  # fmt: skip
     except FedshiftError as e:
-        cli.err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        output.err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        cli.err.print("interrupted; the run store keeps the rounds finished so far")
+        output.err.print("interrupted; the run store keeps the rounds finished so far")
         raise typer.Exit(130) from None
 
 
 def _run(
-    cli, source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
+    source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
     simulation, deployment, superlink, address, root_certificates, insecure, actors,
     round_timeout, imports,
 ) -> None:  # fmt: skip
@@ -133,7 +135,7 @@ def _run(
         build=row.config if row else None,
     )
     _validate(configs)
-    progress = _Progress(cli, configs, "Flower " + ("simulation" if simulation else "deployment"))
+    progress = _Progress(configs, "Flower " + ("simulation" if simulation else "deployment"))
     try:
         if simulation:
             from .run import simulate
@@ -160,23 +162,23 @@ def _run(
     if len(summaries) == 1:
         summary = summaries[0]
         title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
-        table = cli.summary_table(title, [(summary["algorithm"], summary["metrics"])])
+        table = output.summary_table(title, [(summary["algorithm"], summary["metrics"])])
     else:
         summary = seeds_summary([_Summarized(s) for s in summaries])
         title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
-        table = cli.summary_table(
+        table = output.summary_table(
             title, [(summary["algorithm"], summary["metrics"])], std=[summary["metrics_std"]]
         )
-    (cli.err if json_ else cli.out).print(table)
-    cli.err.print(
+    (output.err if json_ else output.out).print(table)
+    output.err.print(
         f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
         f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {escape(str(db))}"
     )
     if summary.get("events"):
         kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
-        cli.err.print(f"client faults (excluded from aggregation or late): {kinds}")
+        output.err.print(f"client faults (excluded from aggregation or late): {kinds}")
     if json_:
-        cli.print_json(summary)
+        output.print_json(summary)
 
 
 def _validate(configs) -> None:
@@ -202,8 +204,8 @@ class _Progress:
     """One progress bar per run, fed by round records (simulation) or by the deployed
     ServerApp's ``fedshift-round`` log lines (deployment)."""
 
-    def __init__(self, cli, configs, engine: str) -> None:
-        self.cli, self.configs, self.engine = cli, configs, engine
+    def __init__(self, configs, engine: str) -> None:
+        self.configs, self.engine = configs, engine
         self.index = -1
         self.bar = self.update = None
 
@@ -212,7 +214,7 @@ class _Progress:
             self.stop()
             cfg = self.configs[index]
             label = f"{cfg.algorithm} on {cfg.scenario} (seed {cfg.seed}, {self.engine})"
-            self.bar, self.update = self.cli.progress_bar(cfg.rounds, label)
+            self.bar, self.update = output.progress_bar(cfg.rounds, label)
             self.index = index
         self.update(rec)
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..api import checkpoint_path
-from .store import RUN_ID
+from .store import RUN_ID, checkpoint_path
 
 
 def prunable(db: str | Path, runs: list[dict]) -> list[tuple[str, Path, int]]:

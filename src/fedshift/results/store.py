@@ -98,6 +98,12 @@ def check_run_id(run_id: object, prefix: bool = False) -> str:
     return run_id
 
 
+def checkpoint_path(db: str | Path, run_id: str) -> Path:
+    """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store
+    (the id is checked first, so no id can point outside that folder)."""
+    return Path(db).parent / "checkpoints" / f"{check_run_id(run_id)}.pt"
+
+
 def _alive(pid: int | None) -> bool:
     """Whether a process with this id still runs on this machine."""
     if not pid:

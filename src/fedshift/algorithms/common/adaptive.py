@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...engine.tree import Tree, strip_prefix, with_prefix
+from ...engine.contract import Tree, strip_prefix, with_prefix
 from ...options import opt, require
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults

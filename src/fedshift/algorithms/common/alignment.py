@@ -7,9 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import grad
 
-from ...engine.context import Context
-from ...engine.tree import Tree
-from .losses import cross_entropy
+from ...engine.contract import Context, Tree
+from .losses import cross_entropy, squared_distance
 from .split import classify, features
 
 
@@ -53,4 +52,4 @@ def classifier_gradient(ctx: Context, head: Tree, z: Tensor, y: Tensor, w: Tenso
 
 def gradient_alignment_penalty(grads: Tree, target: Tree) -> Tensor:
     """‖g − ḡ‖² summed over the head's tensors (FedIIR's implicit invariance penalty)."""
-    return sum(((grads[k] - target[k]) ** 2).sum() for k in grads)
+    return squared_distance(grads, target)

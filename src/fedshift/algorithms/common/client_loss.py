@@ -15,9 +15,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from ...data.federated import Split
-from ...engine.context import Context
-from ...engine.rng import torch_seed
-from ...engine.tree import Tree
+from ...engine.contract import Context, Tree, torch_seed
 
 EVAL_BATCH = 4096  # samples per forward pass (summed over the cohort)
 

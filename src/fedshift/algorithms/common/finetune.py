@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ...engine.context import Cohort
-from ...engine.local import LossFn
-from ...engine.tree import Tree, stack
+from ...engine.contract import Cohort, LossFn, Tree, stack
 from ..base import Algorithm, Prediction
 from .global_model import split_state
 

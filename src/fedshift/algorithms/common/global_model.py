@@ -5,7 +5,7 @@ Server state keys: ``p/<name>`` for parameters and ``b/<name>`` for buffers.
 
 from __future__ import annotations
 
-from ...engine.tree import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ...engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
 from ..base import Algorithm, Payload, Prediction, RoundInfo
 
 

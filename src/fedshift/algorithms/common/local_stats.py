@@ -14,8 +14,7 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from ...engine.context import Cohort, Context
-from ...engine.tree import Tree
+from ...engine.contract import Cohort, Context, Tree
 
 CHUNK = 4096  # samples per vmapped call, summed over the cohort
 

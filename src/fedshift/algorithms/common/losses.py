@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ...engine.tree import Tree
+from ...engine.contract import Tree
 
 
 def weighted_mean(values: Tensor, w: Tensor) -> Tensor:

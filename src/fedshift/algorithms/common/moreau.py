@@ -19,8 +19,7 @@ import torch
 from torch import Tensor
 from torch.func import grad, vmap
 
-from ...engine.context import Cohort, Context
-from ...engine.tree import Tree
+from ...engine.contract import Cohort, Context, Tree
 from .losses import cross_entropy, squared_distance
 
 

@@ -9,17 +9,10 @@ with the run's local epochs/steps and the same minibatch order as Local's traini
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from ...engine.tree import Tree
+from ...engine.contract import Tree
 from ..base import Payload, Prediction
 from .global_model import model_state, split_state
-from .losses import cross_entropy
-
-
-def l2_to(params: Tree, anchor: Tree) -> Tensor:
-    """‖params − anchor‖² over the parameters (extras may carry other keys, e.g. "env")."""
-    return sum(((params[k] - anchor[k]) ** 2).sum() for k in params)
+from .losses import cross_entropy, squared_distance
 
 
 class L2Personalization:
@@ -33,7 +26,7 @@ class L2Personalization:
 
     def personal_loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
-        return risk + 0.5 * self.personal_weight * l2_to(params, anchor)
+        return risk + 0.5 * self.personal_weight * squared_distance(params, anchor)
 
     def personal_update(self, payload: Payload, state: Tree, cohort) -> Tree:
         params, buffers = split_state(state)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from torch import Tensor
 from torch.func import grad
 
-from ...engine.tree import Tree
+from ...engine.contract import Tree
 from .losses import squared_distance
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from ...engine.tree import Tree, strip_prefix
+from ...engine.contract import Tree, strip_prefix
 from .losses import weighted_mean
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ...engine.context import Context
-from ...engine.tree import Tree, strip_prefix
+from ...engine.contract import Context, Tree, strip_prefix
 from ...options import require
 
 EXTRACTOR, HEAD = "extractor.", "head."

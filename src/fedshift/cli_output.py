@@ -1,0 +1,73 @@
+"""What the commands print: the two consoles, the accuracy table, the JSON summary line and
+the progress line, shared by ``fedshift`` and ``fedshift flower`` (so neither imports the
+other's command module)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+# no ":name:" emoji codes: user text (keys, values, paths) is printed as written, and
+# markup in it is escaped (rich.markup.escape) wherever it is interpolated
+err = Console(stderr=True, emoji=False)
+out = Console(emoji=False)
+
+
+def print_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def fmt(v) -> str:
+    return "—" if v is None else f"{v:.1f}"
+
+
+def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | None = None) -> Table:
+    """Accuracy (%) per test environment, then worst, average and worst client; one column
+    per run (environments are rows, so eleven of them still fit a terminal). With ``std``
+    (one dict per column, same shape as the metrics) cells read ``mean ± std``."""
+    envs = list(dict.fromkeys(e for _, m in rows for e in m["per_env"]))  # every run's
+    table = Table(title=title)
+    table.add_column("test environment")
+    for name, m in rows:
+        mark = " †" if m.get("degenerate") and "†" not in name else ""
+        table.add_column(escape(name) + mark, justify="right")
+
+    def cell(i: int, m: dict, get) -> str:
+        if std is None:
+            return fmt(get(m))
+        return f"{fmt(get(m))} ± {fmt(get(std[i]))}"
+
+    for e in envs:
+        table.add_row(
+            escape(e),
+            *[cell(i, m, lambda d, e=e: d["per_env"].get(e)) for i, (_, m) in enumerate(rows)],
+        )
+    table.add_section()
+    for key, label in (
+        ("worst", "worst"),
+        ("average", "average"),
+        ("worst_client", "worst client"),
+    ):
+        table.add_row(
+            label,
+            *[cell(i, m, lambda d, key=key: d[key]) for i, (_, m) in enumerate(rows)],
+            style="bold",
+        )
+    if any(m.get("degenerate") for _, m in rows):
+        table.caption = (
+            "† degenerate: the model answers one class everywhere or never left chance-level "
+            "training loss; its accuracies are no result"
+        )
+    return table
+
+
+def progress_bar(total: int, label: str):
+    """The run's progress line on stderr (``fedshift.progress``) and its ``on_round``."""
+    from .progress import progress_bar as bar
+
+    return bar(total, label, err)

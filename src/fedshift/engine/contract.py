@@ -1,0 +1,170 @@
+"""The algorithm contract: everything a method may use from the engine, in one module.
+
+A method module imports engine names from here only (``tests/test_import_graph.py``): the
+classes below, the :class:`Context` it is given, the state helpers, and the few services a
+loss or an update needs (seeded generators, the SGD settings, the fused-path and
+single-thread marks, a client's minibatch order).
+
+An algorithm is a small class over explicit state; the engine owns the loop. Per round the
+engine samples clients, splits them into cohorts of at most ``cohort_size`` and calls:
+
+1. ``configure(server, cohort) -> Payload`` — what each client receives: a ``broadcast``
+   mapping (the same tensors for every client: FedAvg's global model) and/or a stacked
+   ``per_client`` mapping (IFCA / CGPFL / UCFL send each client its own cluster model).
+2. ``client_update(payload, state, cohort) -> ClientResult`` — local training of the
+   whole cohort at once (``ctx.train`` runs a vmapped loss), returning stacked
+   ``upload`` tensors, the new per-client persistent ``state`` (Ditto's and pFedMe's
+   personal models, SCAFFOLD's control variates, Local's models; ``{}`` when stateless)
+   and explicit aggregation weights ``num_examples``.
+3. ``aggregate(server, uploads, info) -> server`` — once per round with the uploads of
+   every participant, stacked in ``info.ids`` order. Server-side maths (k-means,
+   silhouette, QPs, DRO weights) lives here; server state may hold anything that is a
+   tensor (global models, cluster models, DRO weights, control variates).
+4. ``predictor(server, state, cohort) -> Prediction`` — the model each client is
+   evaluated with: the global model (``shared=True``), the client's personal model, or a
+   model built on the spot (FTFA fine-tunes the global model on the client's data).
+
+``init()`` builds the server state and ``init_client_state(server)`` a single-client
+template of the persistent client state (the engine stacks it for all N clients, lazily).
+An algorithm whose box trains *every* client each round while only the sampled ones upload
+(FedSDR, thesis Alg. 2 line 4) sets ``trains_unsampled = True`` and implements
+``update_unsampled(server, state, cohort) -> state``: the engine calls it, in cohorts, for
+the clients not sampled in the round, with the round's server state (before aggregation).
+Optional ``before_training(server)`` runs once before round 0 (UCFL's gradient statistics
+round); the class method ``wrap_model`` gives the model the method trains (DFL's two
+branches) before the context is built. Payloads and uploads are flat name → tensor
+mappings, so communication cost is a generic sum of bytes and every state can be
+checkpointed without knowing the algorithm.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from ..data.federated import FederatedData
+from ..models.base import FedModel
+from .context import Cohort, Context
+from .execution import single_threaded
+from .fused import plain_cross_entropy
+from .local import LossFn, TrainResult
+from .rng import generator, torch_seed
+from .schedule import client_order
+from .sgd import SGDConfig
+from .tree import (
+    Tree,
+    put,
+    select,
+    stack,
+    strip_prefix,
+    take,
+    weighted_mean,
+    with_prefix,
+)
+
+__all__ = [
+    "Algorithm",
+    "ClientResult",
+    "Cohort",
+    "Context",
+    "LossFn",
+    "Payload",
+    "Prediction",
+    "RoundInfo",
+    "SGDConfig",
+    "TrainResult",
+    "Tree",
+    "client_order",
+    "generator",
+    "plain_cross_entropy",
+    "put",
+    "select",
+    "single_threaded",
+    "stack",
+    "strip_prefix",
+    "take",
+    "torch_seed",
+    "weighted_mean",
+    "with_prefix",
+]
+
+
+@dataclass
+class Payload:
+    broadcast: Tree = field(default_factory=dict)  # same for every client of the cohort
+    per_client: Tree = field(default_factory=dict)  # stacked over the cohort
+
+
+@dataclass
+class ClientResult:
+    upload: Tree  # stacked over the cohort
+    state: Tree  # new persistent client state, stacked ({} if stateless)
+    num_examples: Tensor  # [C] aggregation weights
+    loss: Tensor  # [C] mean local training loss
+
+
+@dataclass
+class RoundInfo:
+    """The participants of a round, in the order their uploads are stacked.
+
+    ``log`` collects per-round figures an algorithm wants recorded (UCFL's simulated time,
+    FedIPG's contributions C_i^t, chosen cluster counts …): name → number or list of
+    numbers (tensors are converted). The runner stores it with the round's record.
+    """
+
+    ids: Tensor
+    num_examples: Tensor
+    round: int
+    log: dict = field(default_factory=dict)
+
+
+@dataclass
+class Prediction:
+    params: Tree
+    buffers: Tree
+    shared: bool  # True: one model for every client (no client axis)
+
+
+class Algorithm(ABC):
+    name: ClassVar[str]
+    Hyper: ClassVar[type]
+    personalized: ClassVar[bool] = False
+    trains_unsampled: ClassVar[bool] = False  # update_unsampled runs for the other clients
+
+    def __init__(self, hyper: Any, ctx: Context) -> None:
+        self.hp = hyper
+        self.ctx = ctx
+
+    @classmethod
+    def wrap_model(cls, model: FedModel, hyper: Any, data: FederatedData, seed: int) -> FedModel:
+        """The model this method trains, built from the run's ``model`` before the context
+        is made (DFL adds a second feature extractor): the context is never rebuilt later."""
+        return model
+
+    @abstractmethod
+    def init(self) -> Tree: ...
+
+    def init_client_state(self, server: Tree) -> Tree:
+        return {}
+
+    def before_training(self, server: Tree) -> Tree:
+        return server
+
+    def update_unsampled(self, server: Tree, state: Tree, cohort: Cohort) -> Tree:
+        """New persistent state of clients NOT sampled this round (``trains_unsampled``)."""
+        return state
+
+    @abstractmethod
+    def configure(self, server: Tree, cohort: Cohort) -> Payload: ...
+
+    @abstractmethod
+    def client_update(self, payload: Payload, state: Tree, cohort: Cohort) -> ClientResult: ...
+
+    @abstractmethod
+    def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree: ...
+
+    @abstractmethod
+    def predictor(self, server: Tree, state: Tree, cohort: Cohort) -> Prediction: ...
