@@ -16,7 +16,6 @@ from rich.table import Table
 
 from .cli_once import OnceCommand
 from .cli_options import (  # noqa: F401  (fedshift.cli names)
-    STORE,
     DataDirOption,
     DbOption,
     DeviceOption,
@@ -34,6 +33,7 @@ from .cli_output import err, fmt, out, print_json, progress_bar, summary_table  
 from .engine.runner import Diverged, RunStopped
 from .errors import FedshiftError
 from .flower.cli import app as flower_app
+from .results.store import DEFAULT_DB, lock_error
 
 app = typer.Typer(
     add_completion=False,
@@ -110,7 +110,7 @@ def user_errors(fn):
 def store_sentence(e: sqlite3.DatabaseError) -> str:
     """What is wrong with a run store SQLite could not use, and what to do (markup-safe)."""
     text = str(e)
-    if "locked" in text or "busy" in text:
+    if lock_error(e):
         return (
             "the run store is locked by another process (waited 30 s); try again when it has "
             "finished, or give another --db"
@@ -147,7 +147,7 @@ def run(
     cohort_size: Annotated[
         int | None, typer.Option(help="clients trained together in one batch (0 = all)")
     ] = None,
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     json_: JsonOption = False,
     device: DeviceOption = None,
     data_dir: DataDirOption = None,
@@ -242,7 +242,7 @@ def sweep(
     ] = None,
     seeds: Annotated[str, typer.Option(help="seeds per grid point, e.g. 0,1,2")] = "0",
     rounds: RoundsOption = None,
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     json_: JsonOption = False,
     device: DeviceOption = None,
     data_dir: DataDirOption = None,
@@ -399,7 +399,7 @@ MAX_VARYING = 6  # more varying keys than this go to the caption (narrow with --
 @app.command(cls=OnceCommand)
 @user_errors
 def runs(
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     where: Annotated[
         list[str] | None,
         typer.Option(
@@ -528,7 +528,7 @@ def _prune(db: Path, runs: list[dict], dry_run: bool, json_: bool) -> None:
 @user_errors
 def show(
     run_id: Annotated[str, typer.Argument(help="a run id or a unique prefix of one")],
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     all_rounds: Annotated[
         bool, typer.Option(help="every stored round, not only the evaluated ones")
     ] = False,
@@ -608,7 +608,7 @@ def describe(
 @user_errors
 def report(
     run_ids: Annotated[list[str], typer.Argument(help="one or more run ids (or unique prefixes)")],
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     out_dir: Annotated[Path, typer.Option("--out", help="report folder")] = Path("fedshift-report"),
     format_: Annotated[str, typer.Option("--format", help="md or html")] = "md",
     force: Annotated[
@@ -629,7 +629,7 @@ def report(
 @user_errors
 def compare(
     run_ids: Annotated[list[str], typer.Argument(help="two or more run ids (or unique prefixes)")],
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     out_dir: Annotated[Path, typer.Option("--out", help="where the plots go")] = Path(
         "fedshift-compare"
     ),
@@ -701,7 +701,7 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="where the plot goes")] = Path(
         "fedshift-demo"
     ),
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     rounds: Annotated[int, typer.Option(help="rounds per method")] = 30,
     seed: Annotated[int, typer.Option(help="run seed")] = 0,
     force: Annotated[
@@ -755,7 +755,7 @@ def reproduce(
         typer.Option(help="run only these methods: names or algorithms, comma-separated"),
     ] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     json_: JsonOption = False,
     skip_missing: Annotated[
         bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")

@@ -11,8 +11,6 @@ from typing import Annotated
 
 import typer
 
-STORE = Path("runs/fedshift.db")  # the default run store of every command
-
 DbOption = Annotated[Path, typer.Option(help="run store (SQLite)")]
 JsonOption = Annotated[bool, typer.Option("--json", help="last stdout line: a JSON summary")]
 DeviceOption = Annotated[

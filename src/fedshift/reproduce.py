@@ -69,6 +69,7 @@ from .config import (  # tomllib: tomli on Python 3.10
 )
 from .errors import FedshiftError, did_you_mean
 from .eval.metrics import mean_std
+from .results.store import DEFAULT_DB
 
 METRICS = ("worst", "average", "worst_client", "average_pooled")
 # "accuracy" = the client-averaged mean; "accuracy_pooled" = Σ correct / Σ samples (the pFedMe
@@ -541,7 +542,7 @@ def run_table(
     seeds: int | None = None,
     rounds: int | None = None,
     quick: bool = False,
-    db: str | Path = "runs/fedshift.db",
+    db: str | Path = DEFAULT_DB,
     skip_missing: bool = False,
     extra: dict[str, Any] | None = None,
     progress=None,
@@ -1034,7 +1035,7 @@ def reproduce(
     rounds: int | None = None,
     quick: bool = False,
     out_dir: str | Path | None = None,
-    db: str | Path = "runs/fedshift.db",
+    db: str | Path = DEFAULT_DB,
     skip_missing: bool = False,
     extra: dict[str, Any] | None = None,
     progress=None,

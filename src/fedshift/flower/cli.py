@@ -17,7 +17,6 @@ from rich.markup import escape
 from .. import cli_output as output
 from ..cli_once import OnceCommand
 from ..cli_options import (
-    STORE,
     DataDirOption,
     DbOption,
     DeviceOption,
@@ -32,6 +31,7 @@ from ..cli_options import (
     import_first,
 )
 from ..errors import FedshiftError
+from ..results.store import DEFAULT_DB
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -50,7 +50,7 @@ def run(
     cohort_size: Annotated[
         int | None, typer.Option(help="clients configured together per round (0 = all)")
     ] = None,
-    db: DbOption = STORE,
+    db: DbOption = DEFAULT_DB,
     json_: JsonOption = False,
     device: DeviceOption = None,
     data_dir: DataDirOption = None,

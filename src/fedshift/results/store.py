@@ -98,6 +98,11 @@ def check_run_id(run_id: object, prefix: bool = False) -> str:
     return run_id
 
 
+def lock_error(e: sqlite3.Error) -> bool:
+    """Whether SQLite failed because another process holds the store's lock."""
+    return "locked" in str(e) or "busy" in str(e)
+
+
 def checkpoint_path(db: str | Path, run_id: str) -> Path:
     """Where a run's checkpoint lives: ``checkpoints/<run_id>.pt`` beside the run store
     (the id is checked first, so no id can point outside that folder)."""
@@ -236,7 +241,7 @@ class RunStore:
                     write(conn)
                 return
             except sqlite3.OperationalError as e:
-                if "locked" not in str(e) and "busy" not in str(e):
+                if not lock_error(e):
                     raise
                 waited = time.monotonic() - start
                 if waited >= self.LOCK_PATIENCE_S:
