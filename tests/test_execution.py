@@ -150,7 +150,7 @@ def test_threads_is_validated_and_applied():
 def test_execution_and_threads_do_not_change_what_a_run_is():
     """Left at their defaults they are not stored (runs keep the keys stored runs always
     had), and a paper table's --resume finds a run whatever they were."""
-    from fedshift.reproduce import _identity
+    from fedshift.jobs import _identity
 
     plain = fs.make_config(algorithm="fedprox").flat()
     assert "execution" not in plain and "threads" not in plain

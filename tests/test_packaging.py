@@ -75,7 +75,7 @@ def test_import_and_toml_configs_work_without_tomllib():
     """As on Python 3.10: tomllib absent, tomli (the same parser) reads presets."""
     code = (
         "import sys; sys.modules['tomllib'] = None\n"
-        "import fedshift, fedshift.config as c, fedshift.reproduce as r\n"
+        "import fedshift, fedshift.config as c, fedshift.tables as r\n"
         "assert c.tomllib.__name__ == 'tomli'\n"
         "assert c.load_source('demo')['scenario'] == 'digits-shortcut'\n"
         "assert r.load_table('thesis-5.1-cmnist8').methods\n"

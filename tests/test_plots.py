@@ -263,7 +263,9 @@ def test_reproduction_plots_show_the_spread_over_seeds():
     """The reproduce report's per-environment plot draws each method's seeds as mean ± std,
     and the published-against-ours plot gives our numbers ±1 std error bars."""
     from fedshift.eval.metrics import over_seeds
-    from fedshift.reproduce import Method, MethodResult, Table, published_figure, seed_series
+    from fedshift.results.comparison import MethodResult
+    from fedshift.results.reproduction import published_figure, seed_series
+    from fedshift.tables import Method, Table
 
     results = []
     for name, shift in (("FedAvg", 0.0), ("Local", -5.0)):

@@ -19,7 +19,8 @@ from fedshift.eval.metrics import (
     loss_at_chance,
     over_seeds,
 )
-from fedshift.reproduce import Method, MethodResult, Table, compare, gap_test
+from fedshift.results.comparison import MethodResult, compare, gap_test
+from fedshift.tables import Method, Table
 
 CONSTANT = "test-constant-predictor"
 if CONSTANT not in ALGORITHMS:

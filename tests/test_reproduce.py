@@ -11,8 +11,9 @@ from typer.testing import CliRunner
 
 from fedshift.cli import app
 from fedshift.errors import FedshiftError
-from fedshift.reproduce import load_table, reproduce, table_names
+from fedshift.reproduce import reproduce
 from fedshift.results.store import RunStore
+from fedshift.tables import load_table, table_names
 
 try:
     import tomllib

@@ -11,8 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from fedshift.cli import app
-from fedshift.reproduce import load_table, method_config, reproduce
+from fedshift.reproduce import reproduce
 from fedshift.results.store import RunStore
+from fedshift.tables import load_table, method_config
 
 runner = CliRunner()
 

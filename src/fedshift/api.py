@@ -26,7 +26,6 @@ from .data import FederatedData, build_scenario
 from .engine.checkpoint import check_binding, config_hash, load_checkpoint
 from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
 from .errors import FedshiftError
-from .eval.metrics import over_seeds
 from .experiment import build_experiment, environment_info
 from .plugins import import_modules, imported_already, user_modules
 from .results.store import DEFAULT_DB, RunStore, _now, check_run_id, checkpoint_path
@@ -80,28 +79,6 @@ def count_events(rounds: list[RoundRecord]) -> dict[str, int]:
         for e in rec.extras.get("events", []):
             counts[e["event"]] = counts.get(e["event"], 0) + 1
     return counts
-
-
-def seeds_summary(outcomes: list[RunOutcome]) -> dict[str, Any]:
-    """One summary for the same config run with several seeds: ``metrics`` holds the mean
-    over seeds of each number, ``metrics_std`` the standard deviation; costs are totals."""
-    summaries = [o.summary() for o in outcomes]
-    mean, std = over_seeds([s["metrics"] for s in summaries])
-    first = summaries[0]
-    return {
-        "run_id": first["run_id"],
-        "run_ids": [s["run_id"] for s in summaries],
-        "algorithm": first["algorithm"],
-        "scenario": first["scenario"],
-        "rounds": first["rounds"],
-        "seed": first["seed"],
-        "seeds": [s["seed"] for s in summaries],
-        "metrics": mean,
-        "metrics_std": std,
-        "time_s": round(sum(s["time_s"] for s in summaries), 3),
-        "bytes_up": sum(s["bytes_up"] for s in summaries),
-        "bytes_down": sum(s["bytes_down"] for s in summaries),
-    }
 
 
 def scenario(

@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any
 
 from .config import apply
-from .reproduce import ScenarioCache, Table, load_table, method_config, plan_table, select_methods
+from .reproduce import plan_table
+from .tables import ScenarioCache, Table, load_table, method_config, select_methods
 
 
 def time_method(cfg, data, rounds_timed: int) -> dict[str, Any]:

@@ -66,7 +66,7 @@ def catalog(what: str) -> list[dict]:
 def _tables() -> list[dict]:
     """Paper tables (``configs/``), listed with the run presets: one method of one with
     ``fedshift run TABLE --method NAME``, all of them with ``fedshift reproduce TABLE``."""
-    from .reproduce import load_table, table_names
+    from .tables import load_table, table_names
 
     out = []
     for n in table_names():

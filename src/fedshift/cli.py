@@ -29,9 +29,16 @@ from .cli_options import (  # noqa: F401  (fedshift.cli names)
     SourceArgument,
     import_first,
 )
-from .cli_output import err, fmt, out, print_json, progress_bar, summary_table  # noqa: F401
-from .engine.runner import Diverged, RunStopped
-from .errors import FedshiftError
+from .cli_output import (  # noqa: F401
+    err,
+    fmt,
+    out,
+    print_json,
+    print_run_summary,
+    progress_bar,
+    summary_table,
+)
+from .errors import Diverged, FedshiftError, RunStopped
 from .flower.cli import app as flower_app
 from .results.store import DEFAULT_DB, lock_error
 
@@ -163,10 +170,8 @@ def run(
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store: a run preset
     or TOML file, or one method of a paper table (``TABLE --method NAME``)."""
-    from .api import run as run_api
-    from .api import seeds_summary
     from .config import add_options, command_configs, parse_set
-    from .reproduce import table_row
+    from .tables import table_row
 
     specs = import_first(imports)  # with --resume: besides the run's recorded imports
     if resume is not None:
@@ -194,40 +199,22 @@ def run(
         seeds,
         build=row.config if row else None,
     )
+    from .jobs import Job, run_jobs
     from .results.store import new_group
 
     group = new_group("seeds") if len(configs) > 1 else None  # the seeds, stored together
-    outcomes = []
-    for cfg in configs:
-        what = f"{row.method.name} of {row.table.id}" if row else cfg.algorithm
-        label = f"{what} on {cfg.scenario} (seed {cfg.seed})"
-        progress, on_round = progress_bar(cfg.rounds, label)
-        try:
-            data = row.data(cfg) if row else None  # a table's fixed partition, if it has one
-            outcomes.append(
-                run_api(cfg, data=data, db=db, on_round=on_round, progress=False, group=group)
-            )
-        finally:
-            progress.stop()
-    if len(outcomes) == 1:
-        summary = outcomes[0].summary()
-        title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
-    else:
-        summary = {**seeds_summary(outcomes), "group": group}
-        title = f"accuracy %, mean ± std over seeds {summary['seeds']} (group {group})"
-    name = f"{row.method.name} ({row.table.id})" if row else summary["algorithm"]
-    std = [summary["metrics_std"]] if len(outcomes) > 1 else None
-    table = summary_table(title, [(name, summary["metrics"])], std=std)
-    (err if json_ else out).print(table)
-    err.print(
-        f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
-        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {escape(str(db))}"
-    )
-    if summary.get("events"):
-        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
-        err.print(f"client faults (excluded from aggregation or late): {kinds}")
-    if json_:
-        print_json(summary)
+    what = f"{row.method.name} of {row.table.id}" if row else None
+    jobs = [
+        Job(
+            cfg,
+            f"{what or cfg.algorithm} on {cfg.scenario} (seed {cfg.seed})",
+            functools.partial(row.data, cfg) if row else None,  # a table's fixed partition, if any
+        )
+        for cfg in configs
+    ]
+    done = [f.summary for f in run_jobs(jobs, db=db, group=group, progress=progress_bar)]
+    name = f"{row.method.name} ({row.table.id})" if row else None
+    print_run_summary(done, db, json_, name=name, group=group)
 
 
 @app.command(cls=OnceCommand)
@@ -791,10 +778,6 @@ def reproduce(
         _estimate(table, seeds, rounds, quick, extra, chosen, json_)
         return
 
-    def progress(total, label):
-        bar, on_round = progress_bar(total, label)
-        return on_round, bar.stop
-
     result = reproduce_table(
         table,
         seeds=seeds,
@@ -804,7 +787,7 @@ def reproduce(
         db=db,
         skip_missing=skip_missing,
         extra=extra,
-        progress=progress,
+        progress=progress_bar,
         methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
         resume=resume,
         first_seed=first_seed,

@@ -71,3 +71,34 @@ def progress_bar(total: int, label: str):
     from .progress import progress_bar as bar
 
     return bar(total, label, err)
+
+
+def print_run_summary(
+    summaries: list[dict], db, json_: bool, *, name: str | None = None, group: str | None = None
+) -> None:
+    """What ``fedshift run`` and ``fedshift flower run`` print when their runs end: the
+    run's accuracy table (several seeds: mean ± std over them), its costs and client
+    faults, and with ``--json`` the summary line."""
+    from .jobs import seeds_summary
+
+    if len(summaries) == 1:
+        summary, std = summaries[0], None
+        title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
+    else:
+        summary = seeds_summary(summaries)
+        std = [summary["metrics_std"]]
+        title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
+        if group is not None:
+            summary["group"] = group
+            title += f" (group {group})"
+    table = summary_table(title, [(name or summary["algorithm"], summary["metrics"])], std=std)
+    (err if json_ else out).print(table)
+    err.print(
+        f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
+        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {escape(str(db))}"
+    )
+    if summary.get("events"):
+        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
+        err.print(f"client faults (excluded from aggregation or late): {kinds}")
+    if json_:
+        print_json(summary)

@@ -11,7 +11,7 @@ import torch
 from ._version import __version__
 from .algorithms import ALGORITHMS, Algorithm
 from .config import RunConfig
-from .data import FederatedData, build_scenario
+from .data import SCENARIOS, FederatedData, build_scenario
 from .engine.context import Context
 from .engine.faults import FaultOptions
 from .engine.local import LocalTrainer
@@ -58,6 +58,14 @@ def resolve_device(name: str) -> torch.device:
 
 def eval_interval(cfg: RunConfig) -> int:
     return cfg.eval_every if cfg.eval_every > 0 else max(1, cfg.rounds // 10)
+
+
+def check_options(cfg: RunConfig) -> None:
+    """The algorithm's and scenario's options of ``cfg``, checked before anything runs: a
+    typo in a sweep's last grid point, or in what Flower's nodes will read, surfaces at
+    once, not after hours."""
+    build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
+    build_options(SCENARIOS.get(cfg.scenario).options, cfg.scenario_options, "scenario")
 
 
 def build_experiment(

@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig, resolve
+from .config import resolve
 from .errors import FedshiftError
 from .eval.metrics import mean_std, over_seeds
-from .options import build_options
 
 
 def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
@@ -87,16 +86,6 @@ def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
-def check_config(cfg: RunConfig) -> None:
-    """Validate the algorithm's and scenario's options before anything runs, so a typo in
-    the last grid point does not surface after hours of sweeping."""
-    from .algorithms import ALGORITHMS
-    from .data import SCENARIOS
-
-    build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
-    build_options(SCENARIOS.get(cfg.scenario).options, cfg.scenario_options, "scenario")
-
-
 @dataclass
 class GridPoint:
     params: dict[str, str]
@@ -142,8 +131,7 @@ def run_sweep(
     ``progress(total_rounds, label) -> (bar, on_round)`` shows a bar per run (the CLI's).
     Returns the JSON summary of ``fedshift sweep --json``.
     """
-    from .api import run as run_api
-    from .engine.runner import Diverged
+    from .experiment import check_options
 
     if not seeds:
         raise FedshiftError("a sweep needs at least one seed")
@@ -154,49 +142,30 @@ def run_sweep(
     configs = []
     for params in points:
         per_seed = [resolve(source, {**overrides, **params, "seed": s}) for s in seeds]
-        check_config(per_seed[0])
+        check_options(per_seed[0])  # before anything runs
         configs.append(per_seed)
 
+    from .jobs import Job, run_jobs
     from .results.store import new_group
 
     group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
     done = []
     for params, per_seed in zip(points, configs, strict=True):
         point = GridPoint(params)
-        for cfg in per_seed:
-            label = ", ".join(f"{k}={v}" for k, v in params.items()) or cfg.algorithm
-            bar, on_round = (
-                progress(cfg.rounds, f"{label} (seed {cfg.seed})")
-                if progress
-                else (
-                    None,
-                    None,
-                )
-            )
-            try:
-                outcome = run_api(
-                    cfg,
-                    db=db,
-                    on_round=on_round,
-                    progress=None if bar is None else False,
-                    group=group,
-                )
-            except Diverged as e:
-                point.run_ids.append(e.run_id)
-                point.diverged = str(e)
+        name = ", ".join(f"{k}={v}" for k, v in params.items())
+        jobs = [Job(cfg, f"{name or cfg.algorithm} (seed {cfg.seed})") for cfg in per_seed]
+        for run in run_jobs(jobs, db=db, group=group, progress=progress, keep_diverged=True):
+            point.run_ids.append(run.run_id)
+            if run.diverged:
+                point.diverged = run.diverged
                 break  # the point is out of the selection: its other seeds would not count
-            finally:
-                if bar is not None:
-                    bar.stop()
-            summary = outcome.summary()
-            if summary["val"] is None:
+            if run.summary["val"] is None:
                 raise FedshiftError(
-                    f"scenario {cfg.scenario!r} has no validation environment, and a sweep "
-                    "selects by validation accuracy only (never by test)"
+                    f"scenario {run.job.config.scenario!r} has no validation environment, and "
+                    "a sweep selects by validation accuracy only (never by test)"
                 )
-            point.run_ids.append(summary["run_id"])
-            point.val.append(summary["val"])
-            point.summaries.append(summary)
+            point.val.append(run.summary["val"])
+            point.summaries.append(run.summary)
         done.append(point.result())
 
     best, usable = select_point(done)

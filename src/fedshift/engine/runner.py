@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..data.federated import Split
-from ..errors import FedshiftError
+from ..errors import Diverged, FedshiftError, RunStopped  # noqa: F401  (runner names)
 from ..eval.evaluate import label_counts, prediction_counts
 from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
 from .checkpoint import save_checkpoint
@@ -495,19 +495,6 @@ def check_client_state(state: Tree, ids: Tensor, r: int) -> None:
             )
 
 
-class Diverged(FedshiftError):
-    """Training diverged (non-finite global or personal state, or too many rounds that
-    trained nothing): the run stops, is marked ``diverged`` without metrics; the rounds
-    it did are recorded and its last checkpoint (from before) stays usable."""
-
-    def __init__(self, round_: int, why: str) -> None:
-        super().__init__(f"the run diverged in round {round_}: {why}")
-        self.round = round_
-        self.why = why
-        self.hint = ""  # how to continue, added by the caller that knows the run id
-        self.run_id: str | None = None  # likewise: the stored run that diverged
-
-
 class NonFiniteState(Diverged):
     """The server state became NaN/Inf after aggregation."""
 
@@ -517,11 +504,3 @@ class NonFiniteState(Diverged):
             "the global state became non-finite (NaN/Inf); lower lr or the method's step "
             "sizes (algorithm.*), or set faults.max_norm to exclude exploding client updates",
         )
-
-
-class RunStopped(Exception):
-    """Training stopped on request after ``rounds_done`` rounds; a checkpoint was written."""
-
-    def __init__(self, rounds_done: int) -> None:
-        super().__init__(f"stopped after round {rounds_done}")
-        self.rounds_done = rounds_done

@@ -19,6 +19,7 @@ its training loss stays at ln K (chance) over the last rounds.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -136,21 +137,29 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0
 
 
+def _at(values: list, i: int):
+    return values[i] if i < len(values) else None
+
+
 def over_seeds(summaries: list[dict]) -> tuple[dict, dict]:
     """Mean and standard deviation over seeds of each summary number (worst, average,
     worst_client, the pooled figures, every per_env entry and every per_client entry). The
     mean is ``degenerate`` when any seed is (``degenerate_seeds`` counts them): an average
-    over seeds must not hide a seed that learned nothing."""
+    over seeds must not hide a seed that learned nothing. A seed without a number (a
+    diverged run: None, no environments) is left out of that number's mean."""
 
     def combine(fn):
         out = {}
         for key in ("worst", "average", "worst_client", "worst_pooled", "average_pooled"):
-            if all(key in s for s in summaries):
-                out[key] = fn([s[key] for s in summaries])
-        envs = summaries[0]["per_env"]
-        out["per_env"] = {e: fn([s["per_env"][e] for s in summaries]) for e in envs}
-        n = len(summaries[0]["per_client"])
-        out["per_client"] = [fn([s["per_client"][i] for s in summaries]) for i in range(n)]
+            if any(key in s for s in summaries):
+                out[key] = fn([s.get(key) for s in summaries])
+        envs = [s.get("per_env", {}) for s in summaries]
+        out["per_env"] = {
+            e: fn([d.get(e) for d in envs]) for e in dict.fromkeys(itertools.chain(*envs))
+        }
+        clients = [s.get("per_client", []) for s in summaries]
+        n = max(map(len, clients))
+        out["per_client"] = [fn([_at(c, i) for c in clients]) for i in range(n)]
         return out
 
     mean = combine(lambda v: mean_std(v)[0])

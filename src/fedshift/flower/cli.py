@@ -100,9 +100,8 @@ def _run(
     simulation, deployment, superlink, address, root_certificates, insecure, actors,
     round_timeout, imports,
 ) -> None:  # fmt: skip
-    from ..api import seeds_summary
     from ..config import command_configs
-    from ..reproduce import table_row
+    from ..tables import table_row
     from . import require_flower
 
     if simulation == deployment:
@@ -159,45 +158,17 @@ def _run(
             )
     finally:
         progress.stop()
-    if len(summaries) == 1:
-        summary = summaries[0]
-        title = f"run {summary['run_id']} — accuracy % (seed {summary['seed']})"
-        table = output.summary_table(title, [(summary["algorithm"], summary["metrics"])])
-    else:
-        summary = seeds_summary([_Summarized(s) for s in summaries])
-        title = f"accuracy %, mean ± std over seeds {summary['seeds']}"
-        table = output.summary_table(
-            title, [(summary["algorithm"], summary["metrics"])], std=[summary["metrics_std"]]
-        )
-    (output.err if json_ else output.out).print(table)
-    output.err.print(
-        f"time {summary['time_s']:.1f}s, up {summary['bytes_up'] / 1e6:.2f} MB,"
-        f" down {summary['bytes_down'] / 1e6:.2f} MB; recorded in {escape(str(db))}"
-    )
-    if summary.get("events"):
-        kinds = ", ".join(f"{k} ×{n}" for k, n in sorted(summary["events"].items()))
-        output.err.print(f"client faults (excluded from aggregation or late): {kinds}")
-    if json_:
-        output.print_json(summary)
+    name = f"{row.method.name} ({row.table.id})" if row else None
+    output.print_run_summary(summaries, db, json_, name=name)
 
 
 def _validate(configs) -> None:
-    """Algorithm and option errors before Flower starts (the nodes would hit them later)."""
-    from ..algorithms import ALGORITHMS
-    from ..options import build_options
+    """Algorithm and scenario option errors before Flower starts (the nodes would hit them
+    later)."""
+    from ..experiment import check_options
 
     for cfg in configs:
-        build_options(ALGORITHMS.get(cfg.algorithm).Hyper, cfg.algorithm_options, "algorithm")
-
-
-class _Summarized:
-    """A finished run's JSON summary in the shape ``seeds_summary`` reads."""
-
-    def __init__(self, summary: dict) -> None:
-        self._summary = summary
-
-    def summary(self) -> dict:
-        return self._summary
+        check_options(cfg)
 
 
 class _Progress:

@@ -1,0 +1,168 @@
+"""Configs × seeds: the one loop behind ``fedshift run``, ``sweep``, ``reproduce`` and
+``flower run``.
+
+A command turns its arguments into :class:`Job` s (a validated config, the label of its
+progress line, the data when a paper table fixes the partition) and hands them to
+:func:`run_jobs`, which trains them one after another on this machine, records each run in
+the store under the command's group, shows one progress line per run and yields one
+:class:`Finished` per job, so a caller may stop early (a sweep drops a diverged point's
+other seeds). With ``reuse`` (``reproduce --resume``) a stored run of the same
+configuration stands in: a finished one as it is, a stopped one continued from its
+checkpoint, so a paper-scale table spans sessions. A diverged run is a result
+(``Finished.diverged``) with ``keep_diverged`` (a sweep's point, a table's seed) and ends
+the command otherwise (``fedshift run``). ``flower run`` builds its configs as ``run``
+does (``config.command_configs``) and trains them all in one Flower simulation or
+deployment (``flower/run.py``); its runs' summaries meet ``run``'s in :func:`seeds_summary`
+and ``cli_output.print_run_summary``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig
+from .errors import Diverged, FedshiftError
+from .eval.metrics import over_seeds
+
+METRICS = ("worst", "average", "worst_client", "average_pooled")
+
+# progress(total_rounds, label) -> (bar with .stop(), on_round): the CLI's progress_bar
+Progress = Callable[[int, str], tuple[Any, Callable | None]]
+
+
+@dataclass
+class Job:
+    """One run a command asks for."""
+
+    config: RunConfig
+    label: str
+    # a table's fixed partition, or a function that builds it when the job runs (a reused
+    # run needs none); None: the run builds its scenario from its seed
+    data: Any = None
+
+
+@dataclass
+class Finished:
+    """What one job produced."""
+
+    job: Job
+    run_id: str
+    metrics: dict  # the final metrics (a diverged run: diverged_metrics)
+    summary: dict | None = None  # the run's JSON summary, for a run trained now
+    diverged: str | None = None  # why it diverged
+    reused: bool = False  # a finished run of the store, not trained again
+
+
+def diverged_metrics(why: str) -> dict:
+    """The metrics of a run that diverged: no numbers, counted as degenerate (so it enters
+    no mean, rank correlation or held gap), with the reason kept for the report."""
+    return {
+        **dict.fromkeys(METRICS),
+        "per_env": {},
+        "per_client": [],
+        "degenerate": True,
+        "degenerate_why": why,
+        "diverged": why,
+    }
+
+
+def run_jobs(
+    jobs: Iterable[Job],
+    *,
+    db: str | Path | None,
+    group: str | None = None,
+    progress: Progress | None = None,
+    keep_diverged: bool = False,
+    reuse: bool = False,
+) -> Iterator[Finished]:
+    """Train ``jobs`` in order on this machine, each recorded in ``db`` under ``group``;
+    yields one :class:`Finished` per job as it ends."""
+    from .api import resume as resume_api
+    from .api import run as run_api
+
+    for job in jobs:
+        cfg, label = job.config, job.label
+        before = earlier_run(db, cfg) if reuse and db is not None else None
+        # done without final metrics (killed after its last round): resume repairs it
+        if before is not None and before["status"] == "done" and before["metrics"]:
+            yield Finished(job, before["run_id"], before["metrics"], reused=True)
+            continue
+        if before is not None:
+            label += f" (resumed {before['run_id']})"
+        data = job.data() if callable(job.data) else job.data
+        bar, on_round = progress(cfg.rounds, label) if progress else (None, None)
+        quiet = None if bar is None else False  # the caller's bar, not the run's own
+        try:
+            if before is not None:
+                out = resume_api(before["run_id"], db, data=data, on_round=on_round, progress=quiet)
+            else:
+                out = run_api(cfg, data=data, db=db, on_round=on_round, progress=quiet, group=group)
+        except Diverged as e:
+            if not keep_diverged:
+                raise
+            done = Finished(job, e.run_id, diverged_metrics(str(e)), diverged=str(e))
+        else:
+            done = Finished(job, out.run_id, out.metrics, summary=out.summary())
+        finally:
+            if bar is not None:
+                bar.stop()
+        yield done
+
+
+def seeds_summary(summaries: list[dict]) -> dict[str, Any]:
+    """One summary for the same config run with several seeds: ``metrics`` holds the mean
+    over seeds of each number, ``metrics_std`` the standard deviation; costs are totals."""
+    mean, std = over_seeds([s["metrics"] for s in summaries])
+    first = summaries[0]
+    return {
+        "run_id": first["run_id"],
+        "run_ids": [s["run_id"] for s in summaries],
+        "algorithm": first["algorithm"],
+        "scenario": first["scenario"],
+        "rounds": first["rounds"],
+        "seed": first["seed"],
+        "seeds": [s["seed"] for s in summaries],
+        "metrics": mean,
+        "metrics_std": std,
+        "time_s": round(sum(s["time_s"] for s in summaries), 3),
+        "bytes_up": sum(s["bytes_up"] for s in summaries),
+        "bytes_down": sum(s["bytes_down"] for s in summaries),
+    }
+
+
+# where and how a run ran and was logged, not what it is
+MACHINE_KEYS = ("device", "data_dir", "tracking", "threads", "execution")
+
+
+def _identity(config: dict) -> str:
+    kept = {
+        k: v for k, v in config.items() if k not in MACHINE_KEYS and not k.startswith("tracking.")
+    }
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
+    """The store's run of exactly this configuration (device and data folder aside): the
+    newest finished one, else the newest stopped one (interrupted, failed or diverged),
+    else None. One still running in another process is refused: two processes must not
+    train it."""
+    from .results.store import RunStore
+
+    if not Path(db).exists():
+        return None
+    key = _identity(json.loads(json.dumps(cfg.flat(), default=str)))
+    same = [r for r in RunStore(db).runs() if r["config"] and _identity(r["config"]) == key]
+    for status in ("done", "interrupted", "failed", "diverged"):
+        found = [r for r in same if r["status"] == status]
+        if found:
+            return found[-1]
+    if same:
+        raise FedshiftError(
+            f"run {same[-1]['run_id']} of this configuration is still running in another "
+            "process; wait for it or stop it before --resume"
+        )
+    return None
