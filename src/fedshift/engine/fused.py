@@ -11,7 +11,7 @@ weight-gradient product (``W.baddbmm_(δᵀ, a, alpha=-lr)``), so no gradient te
 
 It is the same mathematics as the general path — weighted cross-entropy
 ``Σ_b w_b·CE_b / max(Σ_b w_b, 1)``, PyTorch's SGD with momentum and weight decay — and equal
-to it up to float32 rounding (``tests/test_fast_path.py`` checks this against the general
+to it up to float32 rounding (``tests/engine/test_fast_path.py`` checks this against the general
 path and against ``torch.optim.SGD``). Anything else (other losses, buffers, noise extras,
 other layers) takes the general path.
 """

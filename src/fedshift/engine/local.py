@@ -18,7 +18,7 @@ groups on ``workers`` threads with one intra-op thread each: a batch of ten imag
 core poorly, and the kernels release the GIL), or ``auto`` (the default: both are timed on
 the first step of the first call for each objective and cohort width, on copies, and the
 faster is kept for the rest of the process; see ``execution.py``). Both give the same
-numbers up to float32 rounding (tests/test_execution.py).
+numbers up to float32 rounding (tests/engine/test_execution.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_a_round_where_every_client_diverged_logs_nan_not_zero():
     data = toy_data()
     data.train.x[:] = float("inf")  # every client's training produces NaN
     seen = []
-    # more than half of its 4 rounds trained nothing: diverged (tests/test_divergence.py)
+    # more than half of its 4 rounds trained nothing: diverged (tests/engine/test_divergence.py)
     with pytest.raises(Diverged, match="round 3"):
         run(data=data, on_round=seen.append)
     assert len(seen) == 3 and all(rec.loss != rec.loss for rec in seen)  # NaN, not 0.0

@@ -132,7 +132,10 @@ def test_vmapped_grad_equals_per_client_autograd(name):
         m.zero_grad()
         F.cross_entropy(m(x[c]), y[c]).backward()
         for k, p in m.named_parameters():
-            torch.testing.assert_close(grads[k][c], p.grad, **TOL, msg=f"{name} client {c} {k}")
+            # float32 rounding scales with the gradient: ResNet-18's conv1 gradients reach 3,
+            # and on one thread one of 9,408 entries differs by 1.7e-5 (summed in another order)
+            tol = {**TOL, "atol": TOL["atol"] * max(1.0, float(p.grad.abs().max()))}
+            torch.testing.assert_close(grads[k][c], p.grad, **tol, msg=f"{name} client {c} {k}")
         for k, b in m.named_buffers():  # BatchNorm statistics, updated in place per client
             torch.testing.assert_close(stacked[k][c], b, **TOL, msg=f"{name} client {c} {k}")
     assert not torch.allclose(grads["head.weight"][0], grads["head.weight"][1])

@@ -335,24 +335,6 @@ def test_dfl_invariant_bn_statistics(mode):
             torch.testing.assert_close(row, avg)
 
 
-# ---- cohort 1 == cohort C --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("algorithm", list(FAST))
-def test_cohort_size_does_not_change_results(algorithm):
-    outs = [run(algorithm, cohort_size=c) for c in (1, 0)]
-    ref = outs[0]
-    for o in outs[1:]:
-        assert o.metrics["per_client"] == pytest.approx(ref.metrics["per_client"], abs=1e-6)
-        for k, v in ref.result.server.items():
-            if v.is_floating_point():
-                torch.testing.assert_close(
-                    o.result.server[k], v, rtol=1e-4, atol=1e-5, equal_nan=True
-                )
-            else:
-                assert torch.equal(o.result.server[k], v), k
-
-
 @pytest.mark.parametrize("algorithm", ["fedipg", "ucfl"])
 def test_batchnorm_models_run(algorithm):
     """BatchNorm running statistics are updated in place: the double back-prop of FedIPG and

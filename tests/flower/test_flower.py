@@ -34,11 +34,10 @@ from fedshift.flower.records import from_record, job_record, to_record  # noqa: 
 from fedshift.flower.run import RAY_ENV, deploy, simulate  # noqa: E402
 from fedshift.results.store import RunStore  # noqa: E402
 
-# the methods that exist now, and those added by name as soon as they are registered
-# (IFCA / CGPFL send per-client payloads; Ditto and SCAFFOLD keep per-client state)
-METHODS = ["fedavg", "fedprox", "local", "ftfa", "irm", "groupdro"]
-LATER = ["ditto", "scaffold", "ifca", "cgpfl", "pfedme"]  # pFedMe: unsampled clients train
-ALL = METHODS + [m for m in LATER if m in ALGORITHMS.names()]
+# every registered algorithm, in one simulation (IFCA / CGPFL send per-client payloads;
+# Ditto, SCAFFOLD and the personalized methods keep per-client state; pFedMe and FedSDR
+# train unsampled clients too)
+ALL = ALGORITHMS.names()
 
 SMALL = {
     "scenario": "digits-shortcut",
@@ -54,8 +53,8 @@ SMALL = {
 
 def small(algorithm: str, **extra) -> RunConfig:
     # IRM at the default lr blows up on this tiny problem (NaN from round 2: a `diverged`
-    # run, see tests/test_divergence.py); a stable lr keeps it in the comparison
-    stable = {"lr": "0.01"} if algorithm == "irm" else {}
+    # run, see tests/engine/test_divergence.py); a stable lr keeps it in the comparison
+    stable = {"lr": "0.01"} if algorithm in ("irm", "irm-ft", "irm-l2") else {}
     return resolve(None, {**SMALL, "algorithm": algorithm, **stable, **extra})
 
 
@@ -110,7 +109,10 @@ def assert_same(flower, ref) -> None:
 @pytest.mark.parametrize("method", ALL)
 def test_simulation_matches_in_process(simulated, method):
     outcomes, _ = simulated
-    assert_same(outcomes[method], fs.run(small(method)))
+    # Flower's ClientApps run on one intra-op thread (Ray actors), so the reference does
+    # too: with two threads, FedSDR+pFedMe's unsampled clients (five inner steps) drift by
+    # float rounding until two test predictions flip (0.74 points; measured 2026-11-25)
+    assert_same(outcomes[method], fs.run(small(method, threads="1")))  # conftest restores
 
 
 def test_simulation_records_runs_in_the_store(simulated):

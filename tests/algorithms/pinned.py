@@ -1,10 +1,11 @@
 """The numbers every registered algorithm gives on the tiny problem, pinned before a
 restructuring so that it can be shown to change none of them (issue 23).
 
-``python tests/pinned.py --write`` records them in ``tests/pinned_numbers.json``;
-``tests/test_pinned_numbers.py`` re-runs every algorithm and compares: bit for bit when the
-machine matches the one that wrote the file (same torch and CPU capability), to float32
-rounding otherwise (other kernels may sum in another order).
+``python tests/algorithms/pinned.py --write`` records them in
+``tests/algorithms/pinned_numbers.json``; ``tests/algorithms/test_pinned_numbers.py``
+re-runs every algorithm and compares: bit for bit when the machine matches the one that
+wrote the file (same torch and CPU capability), to float32 rounding otherwise (other
+kernels may sum in another order).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the toy problem
 from toy import algorithm_test_data  # noqa: E402
 
 import fedshift as fs  # noqa: E402
@@ -83,5 +84,5 @@ def write() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: python tests/pinned.py --write")
+        sys.exit("usage: python tests/algorithms/pinned.py --write")
     write()

@@ -1,6 +1,7 @@
-"""Every registered algorithm gives the numbers pinned in ``tests/pinned_numbers.json``
-(written by ``python tests/pinned.py --write`` before the restructuring of issue 23): bit for
-bit on a machine like the one that wrote them, to float32 rounding on another."""
+"""Every registered algorithm gives the numbers pinned in
+``tests/algorithms/pinned_numbers.json`` (written by ``python tests/algorithms/pinned.py
+--write`` before the restructuring of issue 23): bit for bit on a machine like the one that
+wrote them, to float32 rounding on another."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ SMALL = {"samples": 6000, "test_samples": 2000}
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
     """``shared/datasets`` beside the repository, else ``$FEDSHIFT_DATA`` (skip if neither)."""
-    candidates = [Path(__file__).resolve().parents[1].parent / "shared" / "datasets"]
+    candidates = [Path(__file__).resolve().parents[2].parent / "shared" / "datasets"]
     if os.environ.get("FEDSHIFT_DATA"):
         candidates.append(Path(os.environ["FEDSHIFT_DATA"]))
     for c in candidates:
