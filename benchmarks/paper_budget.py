@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as fedshift run sets it
 def main() -> None:
     from fedshift.budget import estimate
     from fedshift.errors import FedshiftError
-    from fedshift.reproduce import table_names
+    from fedshift.tables import table_names
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tables", help="comma-separated table ids (default: all)")

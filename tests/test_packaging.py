@@ -90,3 +90,21 @@ def test_an_unknown_preset_or_table_suggests_the_close_name(tmp_path):
     assert res.exit_code == 2 and "did you mean 'mnist-iid-fedavg'" in res.output
     res = CliRunner().invoke(app, ["reproduce", "thesis-5.1-cmnist", "--db", str(tmp_path / "r")])
     assert res.exit_code == 2 and "did you mean 'thesis-5.1-cmnist8'" in res.output
+
+
+def test_benchmarks_and_examples_import_only_names_that_exist():
+    """A module split (reproduce.py → tables.py, jobs.py …) must not leave a benchmark or
+    an example importing a name from where it no longer is: the tests run neither."""
+    import ast
+    import importlib
+
+    missing = []
+    for path in sorted([*ROOT.glob("benchmarks/*.py"), *ROOT.glob("examples/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fedshift"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    name = f"{node.module}.{alias.name}"
+                    if not hasattr(module, alias.name) and importlib.util.find_spec(name) is None:
+                        missing.append(f"{path.name}: {name}")
+    assert missing == []

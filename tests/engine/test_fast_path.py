@@ -9,6 +9,7 @@ from toy import toy_data
 
 import fedshift as fs
 from fedshift.algorithms.common.losses import cross_entropy
+from fedshift.engine.contract import Algorithm
 from fedshift.engine.fused import FusedMLPStep, declares_plain_cross_entropy, mlp_layers
 from fedshift.engine.sgd import SGDConfig
 from fedshift.engine.tree import stack
@@ -118,6 +119,15 @@ def test_fused_step_only_where_it_applies():
     assert FusedMLPStep.applies(loss, mlp, {}, {"eps": (3,)}) is None  # noise: general path
     prox = build_experiment(fs.make_config(algorithm="fedprox", **SETTINGS), data=toy_data())
     assert not declares_plain_cross_entropy(prox.algorithm.loss)  # overrides the loss
+
+
+@pytest.mark.parametrize("algorithm", ["cfl", "fedfomo", "fedrep", "ifca", "l2sgd", "local"])
+def test_the_engine_recognises_a_method_that_keeps_its_risk(algorithm):
+    """No mark to remember: a method that does not override ``Algorithm.loss`` trains the
+    engine's own empirical risk, and the fused step applies to it."""
+    exp = build_experiment(fs.make_config(algorithm=algorithm, **SETTINGS), data=toy_data())
+    assert type(exp.algorithm).loss is Algorithm.loss
+    assert FusedMLPStep.applies(exp.algorithm.loss, exp.ctx.model, {}, None) is not None
 
 
 @pytest.mark.parametrize(

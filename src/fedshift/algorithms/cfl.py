@@ -28,7 +28,6 @@ from ..engine.contract import Tree, strip_prefix, take, weighted_mean, with_pref
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -77,9 +76,6 @@ class CFL(Algorithm):
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(per_client=self.models_of(server, cohort.ids))
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers = split_state(payload.per_client)

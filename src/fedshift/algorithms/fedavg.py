@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.contract import Tree, plain_cross_entropy, weighted_mean
+from ..engine.contract import Tree, weighted_mean
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
 from .common.global_model import GlobalModelAlgorithm, model_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,6 @@ class FedAvg(GlobalModelAlgorithm):
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(broadcast=model_entries(server))
-
-    @plain_cross_entropy
-    def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
-        """Local empirical risk R_i(w); ``anchor`` (the received model) is unused here."""
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers, received = self.start_from_broadcast(payload, len(cohort))

@@ -27,7 +27,6 @@ from ..models.layers import batchnorm_keys
 from ..options import opt
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -73,9 +72,6 @@ class FedBN(GlobalModelAlgorithm):
         gp, gb = split_state(shared)
         lp, lb = split_state(local)
         return {**stack(gp, n), **lp}, {**stack(gb, n), **lb}
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers = self.full_model(payload.broadcast, state, len(cohort))

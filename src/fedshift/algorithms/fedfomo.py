@@ -33,7 +33,6 @@ from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -110,9 +109,6 @@ class FedFomo(Algorithm):
         models = strip_prefix(server, "m/")
         dev = next(iter(models.values())).device
         return Payload(per_client={**take(models, sel.to(dev)), "sel": sel})  # [C, M, ...]
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         own_p, own_b = split_state(state)

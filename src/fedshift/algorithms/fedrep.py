@@ -22,7 +22,6 @@ from ..engine.contract import Tree, select, stack, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 from .common.split import is_extractor, is_head
 
 
@@ -49,9 +48,6 @@ class FedRep(Algorithm):
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(broadcast=server)
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def personal_model(self, shared: Tree, state: Tree, n: int) -> tuple[Tree, Tree]:
         """Stacked h_i ∘ φ for ``n`` clients: the shared φ with each client's head."""

@@ -28,7 +28,6 @@ from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses, fresh_init
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -67,9 +66,6 @@ class IFCA(Algorithm):
                 client_losses(self.ctx, params, buffers, True, self.ctx.data.train, cohort.ids)
             )
         return torch.stack(losses, 1).argmin(1)  # ties → lowest index
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         chosen = self.choose(payload.broadcast, cohort)

@@ -31,7 +31,6 @@ from ..engine.contract import Tree, generator, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -80,9 +79,6 @@ class L2SGD(Algorithm):
         """(L, A): local steps and averaging steps of this round's run of coin flips."""
         rng = generator(self.ctx.seed, round_, 0, "l2sgd/coin")
         return int(rng.geometric(self.hp.p)), int(rng.geometric(1 - self.hp.p))
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         mean = {k: v for k, v in payload.broadcast.items() if k != "keep"}

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.contract import Tree, plain_cross_entropy
+from ..engine.contract import Tree
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 
 
 @dataclass(frozen=True)
@@ -33,10 +32,6 @@ class Local(Algorithm):
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload()  # nothing is sent
-
-    @plain_cross_entropy
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers = split_state(state)

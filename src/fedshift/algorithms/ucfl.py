@@ -42,7 +42,6 @@ from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import kmeans, silhouette_curve
 from .common.global_model import model_state, split_state
-from .common.losses import cross_entropy
 
 UNDEFINED = -2.0  # silhouette slot with no score (scores lie in [-1, 1]); state stays finite
 
@@ -196,9 +195,6 @@ class UCFL(Algorithm):
             return Payload(broadcast=models)
         own = server["stream"][cohort.ids.to(server["stream"].device)]
         return Payload(per_client={k: v[own] for k, v in models.items()})
-
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         if not self.hp.parallel:

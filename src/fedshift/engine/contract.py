@@ -51,6 +51,7 @@ from .context import Cohort, Context
 from .execution import single_threaded
 from .fused import plain_cross_entropy
 from .local import LossFn, TrainResult
+from .risk import cross_entropy, sample_mean
 from .rng import generator, torch_seed
 from .schedule import client_order
 from .sgd import SGDConfig
@@ -78,9 +79,10 @@ __all__ = [
     "TrainResult",
     "Tree",
     "client_order",
+    "cross_entropy",
     "generator",
-    "plain_cross_entropy",
     "put",
+    "sample_mean",
     "select",
     "single_threaded",
     "stack",
@@ -156,6 +158,14 @@ class Algorithm(ABC):
     def update_unsampled(self, server: Tree, state: Tree, cohort: Cohort) -> Tree:
         """New persistent state of clients NOT sampled this round (``trains_unsampled``)."""
         return state
+
+    @plain_cross_entropy
+    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w) -> Tensor:
+        """The local empirical risk: weighted cross-entropy of the model's output (``extras``
+        unused). A method that only changes what is trained and how it is combined keeps
+        it, and the engine may then train it with its fused step; a method whose local
+        objective adds a term overrides it (and so never takes that step)."""
+        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
     @abstractmethod
     def configure(self, server: Tree, cohort: Cohort) -> Payload: ...

@@ -1,9 +1,10 @@
 """A fused cohort step for the commonest case: plain cross-entropy of a multilayer perceptron.
 
 The general step (``vmap(grad(loss))`` then functional SGD) materialises every gradient and
-pays the interpretation cost of ``torch.func`` at every step. When an algorithm declares
-that its local loss *is* the weighted cross-entropy of the model's output (decorate the loss
-with :func:`plain_cross_entropy`), and the model is a stack of ``Linear`` layers with ReLU
+pays the interpretation cost of ``torch.func`` at every step. When an algorithm's local
+loss *is* the weighted cross-entropy of the model's output (it keeps ``Algorithm.loss``,
+the engine's own risk, which carries the mark of :func:`plain_cross_entropy`: the engine
+marks it, no method has to), and the model is a stack of ``Linear`` layers with ReLU
 and ``Flatten`` in between (``mlp``, ``mlr``), the trainer instead runs this hand-written
 forward and backward pass over the stacked parameters: one ``baddbmm`` per layer forward,
 one per layer backward, and the SGD update applied *in place* as part of the

@@ -9,8 +9,8 @@ batch, not masked into it). The step is a pure tensors-in/tensors-out function, 
 ``torch.compile`` can take it whole; compiled, it runs at power-of-two widths (the extra
 finished clients' results are dropped) so that it needs a logarithmic number of graphs.
 
-When the loss is declared plain cross-entropy and the model is an MLP, a fused in-place
-step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
+When the loss is the engine's own risk (``Algorithm.loss`` kept) and the model is an MLP, a
+fused in-place step replaces ``vmap(grad)`` (see ``fused.py``; equal up to float32 rounding).
 
 ``execution`` chooses how the general step runs: ``batched`` (the ``vmap`` above),
 ``sequential`` (the same un-``vmap``-ped step, each client's whole schedule in turn, client

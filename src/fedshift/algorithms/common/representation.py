@@ -9,8 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from ...engine.contract import Tree, strip_prefix
-from .losses import weighted_mean
+from ...engine.contract import Tree, sample_mean, strip_prefix
 
 
 def features(model, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
@@ -51,7 +50,7 @@ def contrastive_loss(z: Tensor, positive: Tensor, negatives: Tensor, tau: float,
     neg = zn @ nn_.T / tau  # [B, B]
     neg = torch.where(w[None, :] > 0, neg, torch.full_like(neg, float("-inf")))
     logits = torch.cat([pos[:, None], neg], dim=1)
-    return weighted_mean(torch.logsumexp(logits, dim=1) - pos, w)
+    return sample_mean(torch.logsumexp(logits, dim=1) - pos, w)
 
 
 def class_centred(v: Tensor, y: Tensor, w: Tensor, classes: int) -> Tensor:
@@ -92,4 +91,4 @@ def environment_disagreement(logits: Tensor, w: Tensor) -> Tensor:
     [E, B, K], the outputs of the E environment classifiers on the same batch."""
     diff = logits[:, None] - logits[None, :]  # [E, E, B, K]
     per_sample = 0.5 * (diff**2).sum(dim=(0, 1, 3))
-    return weighted_mean(per_sample, w)
+    return sample_mean(per_sample, w)
