@@ -24,8 +24,8 @@ from typing import Any
 from .config import RunConfig, apply
 from .data import FederatedData, build_scenario
 from .engine.checkpoint import check_binding, config_hash, load_checkpoint
-from .engine.runner import Diverged, RoundRecord, RunResult, RunStopped
-from .errors import FedshiftError
+from .engine.runner import RoundRecord, RunResult
+from .errors import Diverged, FedshiftError, RunStopped
 from .experiment import build_experiment, environment_info
 from .plugins import import_modules, imported_already, user_modules
 from .results.store import DEFAULT_DB, RunStore, _now, check_run_id, checkpoint_path

@@ -26,9 +26,8 @@ from typing import Any
 
 from .config import RunConfig
 from .errors import Diverged, FedshiftError
+from .eval.metrics import HEADLINE_METRICS as METRICS
 from .eval.metrics import over_seeds
-
-METRICS = ("worst", "average", "worst_client", "average_pooled")
 
 # progress(total_rounds, label) -> (bar with .stop(), on_round): the CLI's progress_bar
 Progress = Callable[[int, str], tuple[Any, Callable | None]]

@@ -65,8 +65,8 @@ from .config import (  # tomllib: tomli on Python 3.10
     tomllib,
 )
 from .errors import FedshiftError, did_you_mean
+from .eval.metrics import HEADLINE_METRICS as METRICS
 
-METRICS = ("worst", "average", "worst_client", "average_pooled")
 # "accuracy" = the client-averaged mean; "accuracy_pooled" = Σ correct / Σ samples (the pFedMe
 # code's, which the thesis's Table 3.1 builds on)
 ALIASES = {"accuracy": "average", "accuracy_pooled": "average_pooled"}

@@ -29,10 +29,8 @@ SERVER_ONLY = ("sig/sum", "sig/count", "sig/within")  # the signature view's ser
 
 def correlation_penalty(estimator: str, phi, logits, psi, y, w, k: int):
     """Î(Φ_u; view | Y) by the ``correlation`` or ``prediction`` estimator."""
-    if estimator == "correlation":
-        return conditional_correlation_l1(phi, psi, y, w, k)
-    scores = logits - logits.mean(1, keepdim=True)
-    return conditional_correlation_l1(scores, psi, y, w, k)
+    signal = phi if estimator == "correlation" else logits - logits.mean(1, keepdim=True)
+    return conditional_correlation_l1(signal, psi, y, w, k)
 
 
 class SignatureView:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..data.federated import Split
-from ..errors import Diverged, FedshiftError, RunStopped  # noqa: F401  (runner names)
+from ..errors import Diverged, FedshiftError, RunStopped
 from ..eval.evaluate import label_counts, prediction_counts
 from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
 from .checkpoint import save_checkpoint

@@ -34,6 +34,9 @@ from torch import Tensor
 CONSTANT_SHARE = 0.90
 CONSTANT_MARGIN = 0.05  # … 5 points more often than that client's most common label
 CHANCE_TOLERANCE = 0.01  # training loss within 1 % of ln K counts as "at chance"
+# the headline numbers of a run's summary: what a paper table may publish and `reproduce`
+# compares, and what a diverged run has none of
+HEADLINE_METRICS = ("worst", "average", "worst_client", "average_pooled")
 
 
 def summarize(

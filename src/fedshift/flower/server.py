@@ -33,10 +33,10 @@ from flwr.serverapp import Grid
 
 from ..api import RunOutcome, _open_tracking, _recorder
 from ..config import RunConfig
-from ..engine.runner import Diverged, RoundRecord, Runner
+from ..engine.runner import RoundRecord, Runner
 from ..engine.sampling import sample_clients
 from ..engine.tree import Tree, nbytes
-from ..errors import FedshiftError
+from ..errors import Diverged, FedshiftError
 from ..eval.metrics import EvalCounts, summarize
 from ..experiment import Experiment, build_experiment, environment_info
 from ..results.store import DEFAULT_DB, RunStore

@@ -9,12 +9,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..eval.metrics import HEADLINE_METRICS as METRICS
 from ..eval.metrics import over_seeds
 
 if TYPE_CHECKING:
     from ..tables import Method, Table
-
-METRICS = ("worst", "average", "worst_client", "average_pooled")
 
 
 @dataclass
