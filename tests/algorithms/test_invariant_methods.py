@@ -136,6 +136,27 @@ def test_fedsdr_gamma_zero_personal_models_ignore_discovery():
     assert any(not torch.equal(a.result.server[k], b.result.server[k]) for k in sd)
 
 
+@pytest.mark.parametrize("algorithm", ["fedsdr", "fedsdr-fedavg", "fedsdr-pfedme"])
+@pytest.mark.parametrize("view", ["features", "disagreement"])
+def test_fedsdr_features_computed_once_train_as_features_computed_per_step(
+    monkeypatch, algorithm, view
+):
+    """Ψ is fixed in stage 2 and while the environment classifiers train, so its outputs
+    are computed once per pass (client_rows); the models must be those of the per-step
+    computation up to float rounding (a different matmul shape), and moved by training."""
+    from fedshift.algorithms.fedsdr import ShortcutDiscovery
+
+    options = {"gamma": 1.0, "personal_epochs": 2, "shortcut_view": view}
+    once = run(algorithm, options)
+    monkeypatch.setattr(ShortcutDiscovery, "per_sample", lambda self: False)
+    per_step = run(algorithm, options)
+    for k, v in per_step.result.server.items():
+        torch.testing.assert_close(once.result.server[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    torch.testing.assert_close(once.result.accuracy, per_step.result.accuracy)  # personal models
+    w0 = run(algorithm, options, rounds=0).result.server
+    assert not torch.allclose(once.result.server["env.weight"], w0["env.weight"])
+
+
 def test_fedsdr_environment_classifiers_average_over_holders_only():
     out = run("fedsdr", {"personal_epochs": 1, "gamma": 0.1}, rounds=1)
     w0 = run("fedsdr", {"personal_epochs": 1, "gamma": 0.1}, rounds=0).result.server
@@ -388,3 +409,27 @@ def test_fit_linear_takes_the_gradient_steps_of_the_weighted_cross_entropy():
     before = cross_entropy(torch.nn.functional.linear(z, weight, bias), y, w)
     after = cross_entropy(torch.nn.functional.linear(z, wn, bn), y, w)
     assert after < 0.5 * before
+
+
+def test_fedsdr_written_environment_gradient_is_autograds():
+    from fedshift.algorithms.fedsdr import ShortcutDiscovery as SD
+
+    class Heads:
+        env_logits = SD.env_logits
+        env_risk = SD.env_risk
+        env_risk_gradient = SD.env_risk_gradient
+
+    g = torch.Generator().manual_seed(0)
+    e, k, d, b = 3, 4, 5, 11
+    params = {"env.weight": torch.randn(e, k, d, generator=g), "env.bias": torch.randn(e, k)}
+    z, y = torch.randn(b, d, generator=g), torch.randint(0, k, (b,), generator=g)
+    w = torch.ones(b)
+    w[-2:] = 0  # empty slots of a short batch
+    extras = {"env": torch.tensor([0, 1, 1, 0, 0, 1, 0, 1, 1, 2, 2])}  # env 2 only in padding
+    heads = Heads()
+    grads, loss = heads.env_risk_gradient(params, {}, extras, z, y, w)
+    want = torch.func.grad(heads.env_risk)(params, {}, extras, z, y, w)
+    torch.testing.assert_close(loss, heads.env_risk(params, {}, extras, z, y, w))
+    for key in params:
+        torch.testing.assert_close(grads[key], want[key])
+    assert grads["env.weight"][2].abs().max() == 0  # no real sample of environment 2

@@ -175,3 +175,37 @@ def test_fused_blocks_and_threads_do_not_change_the_result(monkeypatch):
     torch.testing.assert_close(blocked.loss, whole.loss, rtol=1e-5, atol=1e-6)
     for k, v in whole.params.items():
         torch.testing.assert_close(blocked.params[k], v, rtol=1e-5, atol=1e-6)
+
+
+def test_a_written_gradient_replaces_autograd_and_inputs_replace_the_images():
+    """``gradient_by``: the engine steps with the loss's written gradient (here a
+    deliberately wrong one, half of autograd's, so that using it shows); ``inputs`` and
+    ``row_extras`` reach the loss row by row, on the same minibatches as the images."""
+    from fedshift.engine.contract import gradient_by
+
+    data = toy_data()
+    exp = build_experiment(fs.make_config(algorithm="fedavg", **SETTINGS), data=data)
+    ctx = exp.ctx
+    cohort = ctx.cohort(torch.arange(data.num_clients), 0)
+    n, d = len(cohort), data.train.x.shape[1]
+    shift = torch.randn(data.train.x.shape[0], d)
+
+    def risk(p, b, extras, x, y, w):
+        return cross_entropy((x + extras["shift"]) @ p["w"], y, w)
+
+    def half(p, b, extras, x, y, w):
+        g = torch.func.grad(risk)(p, b, extras, x, y, w)
+        return {k: v / 2 for k, v in g.items()}, risk(p, b, extras, x, y, w)
+
+    halved = gradient_by(half)(lambda *a: risk(*a))
+    w0 = stack({"w": torch.randn(d, 3)}, n)
+    sgd = SGDConfig(0.1)
+    rows = {"row_extras": {"shift": shift}}
+    plain = ctx.train(lambda p, b, e, x, y, w: cross_entropy(x @ p["w"], y, w), w0, {}, cohort,
+                      sgd=sgd, inputs=data.train.x + shift)  # fmt: skip
+    auto = ctx.train(risk, w0, {}, cohort, sgd=sgd, **rows)
+    torch.testing.assert_close(auto.params["w"], plain.params["w"])
+    written = ctx.train(halved, w0, {}, cohort, sgd=SGDConfig(0.2), **rows)
+    torch.testing.assert_close(written.params["w"], auto.params["w"])
+    with pytest.raises(ValueError, match="rows"):
+        ctx.train(risk, w0, {}, cohort, row_extras={"shift": shift[:-1]})

@@ -31,10 +31,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import (
+    Tree,
+    gradient_by,
+    stack,
+    strip_prefix,
+    weighted_mean,
+    with_prefix,
+)
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
+from .common.local_stats import client_rows
 from .common.losses import cross_entropy
 from .common.representation import (
     conditional_cross_moment_l1,
@@ -42,6 +50,7 @@ from .common.representation import (
     features,
     head,
     one_hot,
+    per_sample_model,
 )
 from .fedsdr_views import ESTIMATORS, SERVER_ONLY, VIEWS, SignatureView, correlation_penalty
 
@@ -136,6 +145,25 @@ class ShortcutDiscovery(SignatureView):
     def env_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """Σ_e R(ω_e(Ψ); samples of environment e in the batch) (eq. 4.6), Ψ held fixed."""
         z = features(self.ctx.model, params, buffers, x).detach()
+        return self.env_risk(params, buffers, extras, z, y, w)
+
+    def env_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
+        """∇ of ``env_risk`` written out (softmax − one-hot, weighted per environment): the
+        step is a linear head on fixed features, where autograd's fixed cost is most of it."""
+        logits = self.env_logits(params, z)  # [E, B, K]
+        e, k = logits.shape[0], logits.shape[2]
+        mask = one_hot(extras["env"], e, w.dtype).T * w  # [E, B]
+        scale = mask / mask.sum(1, keepdim=True).clamp(min=1.0)  # [E, B]
+        logp = torch.log_softmax(logits, -1)
+        target = one_hot(y, k, logits.dtype)  # [B, K]
+        loss = -(scale * (logp * target).sum(-1)).sum()
+        delta = (logp.exp() - target) * scale[..., None]  # ∂loss/∂logits [E, B, K]
+        grads = {"env.weight": torch.einsum("ebk,bd->ekd", delta, z), "env.bias": delta.sum(1)}
+        return grads, loss
+
+    @gradient_by(env_risk_gradient)
+    def env_risk(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
+        """Eq. 4.6 on the features z = Ψ(x) (computed once per iteration: Ψ is fixed)."""
         logits = self.env_logits(params, z)  # [E, B, K]
         mask = one_hot(extras["env"], logits.shape[0], w.dtype).T * w  # [E, B]
         per = F.cross_entropy(
@@ -150,7 +178,7 @@ class ShortcutDiscovery(SignatureView):
         phi = features(m, params, buffers, x)
         logits = head(m, params, buffers, phi)
         risk = cross_entropy(logits, y, w)
-        psi = self.shortcut(extras, x).detach()
+        psi = extras["psi"] if "psi" in extras else self.shortcut(extras, x).detach()
         k = self.ctx.data.num_classes
         if psi.shape[1] == 0:  # signature view before any direction was found
             return risk
@@ -169,6 +197,20 @@ class ShortcutDiscovery(SignatureView):
             return psi @ params["sig/proj"]
         logits = self.env_logits(params, psi)  # [E, B, K]
         return (logits - logits.mean(0)).transpose(0, 1).flatten(1)  # [B, E·K]
+
+    def per_sample(self) -> bool:
+        """Whether Ψ maps each sample on its own (no batch statistics, no dropout), so that
+        its outputs can be computed once per pass instead of at every step."""
+        return per_sample_model(self.ctx.model, self.ctx.initial_buffers)
+
+    def shortcut_rows(self, broadcast: Tree, cohort) -> dict:
+        """Stage 2's training keywords: Ψ^t and, for a per-sample Ψ, its shortcut view of
+        every training row of the cohort, computed once (Ψ^t is fixed during stage 2)."""
+        extras = self.psi_extras(broadcast)
+        if not self.per_sample():
+            return {"shared": extras}
+        psi = client_rows(self.ctx, lambda _, e, x: self.shortcut(e, x), cohort, {}, extras)
+        return {"shared": extras, "row_extras": {"psi": psi}}
 
     def psi_extras(self, server: Tree) -> Tree:
         params, buffers = split_state(strip_prefix(server, "sd/"))
@@ -198,19 +240,28 @@ class ShortcutDiscovery(SignatureView):
                 **per_iter,
             )
             params, buffers = out.params, out.buffers
-            out = self.ctx.train(
-                self.env_loss,
-                params,
-                buffers,
-                cohort,
-                f"fedsdr/env{r}",
-                epochs=self.hp.env_epochs or self.hp.personal_epochs,
-                trainable=lambda k: k in ENV,
-            )
-            params = out.params
+            params = {**params, **self.train_environments(params, buffers, cohort, r)}
         model_p = {k: v for k, v in params.items() if k not in ENV}
         model = with_prefix(model_state(model_p, buffers), "sd/")
         return {**model, **{k: params[k] for k in ENV}, **stats}
+
+    def train_environments(self, params: Tree, buffers: Tree, cohort, r: int) -> Tree:
+        """Alg. 2 line 12: the environment classifiers on Ψ's features, Ψ fixed; for a
+        per-sample Ψ the features are computed once, not at each of the K epochs' steps."""
+        epochs = self.hp.env_epochs or self.hp.personal_epochs
+        purpose = f"fedsdr/env{r}"
+        if not self.per_sample():
+            out = self.ctx.train(
+                self.env_loss, params, buffers, cohort, purpose, epochs=epochs,
+                trainable=lambda k: k in ENV,
+            )  # fmt: skip
+            return {k: out.params[k] for k in ENV}
+        psi = {k: v for k, v in params.items() if k not in ENV}
+        z = client_rows(self.ctx, lambda p, _, x: features(self.ctx.model, p, {}, x), cohort, psi)
+        env = {k: params[k] for k in ENV}
+        return self.ctx.train(
+            self.env_risk, env, {}, cohort, purpose, epochs=epochs, inputs=z
+        ).params
 
     def discovery_aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         out = dict(server)
@@ -260,7 +311,7 @@ class FedSDR(ShortcutDiscovery, Algorithm):
             cohort,
             "fedsdr/personal",
             epochs=self.hp.personal_epochs,
-            shared=self.psi_extras(broadcast),
+            **self.shortcut_rows(broadcast, cohort),
         )
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:

@@ -50,7 +50,7 @@ class FedSDRFedAvg(FedSDR):
             stack(buffers, n),
             cohort,
             "fedsdr/personal",
-            shared=self.psi_extras(broadcast),
+            **self.shortcut_rows(broadcast, cohort),
         )
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
@@ -98,7 +98,7 @@ class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
         return self.sr_risk(theta, buffers, extras, x, y, w)
 
     def train_extras(self, payload: Payload, cohort) -> dict:
-        return {"shared": self.psi_extras(payload.broadcast)}
+        return self.shortcut_rows(payload.broadcast, cohort)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         result = PFedMe.client_update(self, payload, state, cohort)

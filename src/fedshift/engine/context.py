@@ -105,13 +105,27 @@ class Context:
         trainable: Callable[[str], bool] | None = None,
         noise: dict[str, tuple[int, ...]] | None = None,
         batch_size: int | None = None,
+        inputs: Tensor | None = None,
+        row_extras: Tree | None = None,
     ) -> TrainResult:
         """Train stacked ``params`` of the cohort on each client's own training data.
 
         ``noise`` (name → shape): per-step standard-normal extras, seeded per client by
         (seed, round, client, purpose), for objectives that sample (see LocalTrainer.train).
         ``batch_size`` overrides the run's (<= 0: each step sees the client's whole split).
+        ``inputs`` ([M, …], one per training row, e.g. features from ``client_rows``)
+        replace the images as the loss's ``x``; ``row_extras`` (name → [M, …]) reach the
+        loss's extras per minibatch. The minibatches are the same either way: the schedule
+        depends on the rows' owners and the purpose only.
         """
+        split = self.data.train
+        for name, v in {"inputs": inputs, **(row_extras or {})}.items():
+            if v is not None and v.shape[0] != split.y.shape[0]:
+                raise ValueError(
+                    f"{name} has {v.shape[0]} rows; the training split has {split.y.shape[0]}"
+                )
+        if inputs is not None:
+            split = Split(inputs, split.y, split.offsets, split.env)
         sched = self.schedule(cohort, purpose, epochs, steps, batch_size)
         generators = None
         if noise:
@@ -125,7 +139,7 @@ class Context:
             loss_fn,
             params,
             buffers,
-            self.data.train,
+            split,
             sched,
             sgd or self.sgd,
             shared=shared,
@@ -133,4 +147,5 @@ class Context:
             trainable=trainable,
             noise=noise,
             generators=generators,
+            row_extras=row_extras,
         )

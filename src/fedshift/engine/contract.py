@@ -51,7 +51,7 @@ from .context import Cohort, Context
 from .execution import single_threaded
 from .fused import plain_cross_entropy
 from .local import LossFn, TrainResult
-from .risk import cross_entropy, sample_mean
+from .risk import cross_entropy, gradient_by, sample_mean
 from .rng import generator, torch_seed
 from .schedule import client_order
 from .sgd import SGDConfig
@@ -81,6 +81,7 @@ __all__ = [
     "client_order",
     "cross_entropy",
     "generator",
+    "gradient_by",
     "put",
     "sample_mean",
     "select",

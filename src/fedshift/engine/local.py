@@ -48,6 +48,7 @@ from .execution import (
     worker_thread,
 )
 from .fused import FusedMLPStep
+from .risk import written_gradient
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree, clone, take
@@ -93,6 +94,7 @@ class _Call:
     frozen: Tree
     bufs: Tree  # stacked, updated in place by steps (batch-norm statistics)
     noise: dict[str, tuple[int, ...]] | None
+    row_extras: Tree  # name → [M, …] aligned with the split's rows, gathered per step
 
     @property
     def width(self) -> int:
@@ -111,6 +113,7 @@ class _Call:
             take(self.frozen, cut),
             clone(take(self.bufs, cut)),
             self.noise,
+            self.row_extras,
         )
 
     def _noise(self, generator: torch.Generator | None) -> Tree:
@@ -129,6 +132,7 @@ class _Call:
         extras = take(self.per_client, slice(0, kw))
         if self.split.env is not None:
             extras["env"] = self.split.env[rows]  # [kw, B] environment id of each sample
+        extras.update({name: v[rows] for name, v in self.row_extras.items()})
         if self.noise:
             gens = list(generators or [])
             draws = [self._noise(g) for g in gens] + [self._noise(None)] * (kw - len(gens))
@@ -157,6 +161,7 @@ class _Call:
         extras = take(self.per_client, j)
         if self.split.env is not None:
             extras["env"] = self.split.env[rows]
+        extras.update({name: v[rows] for name, v in self.row_extras.items()})
         extras.update({k: v.to(xb.device) for k, v in self._noise(generator).items()})
         return (
             work,
@@ -219,7 +224,14 @@ class LocalTrainer:
             loss = loss_fn({**frozen, **trained}, buffers, extras, x, y, w)
             return loss, loss
 
+        written = written_gradient(loss_fn)
+
         def step(trained, frozen, buffers, shared, per_client, x, y, w):
+            if written is not None:
+                grads, loss = written(
+                    {**frozen, **trained}, buffers, {**shared, **per_client}, x, y, w
+                )
+                return {k: grads[k] for k in trained}, loss
             return grad(objective, has_aux=True)(
                 trained, frozen, buffers, {**shared, **per_client}, x, y, w
             )
@@ -363,6 +375,7 @@ class LocalTrainer:
         trainable: Callable[[str], bool] | None = None,
         noise: dict[str, tuple[int, ...]] | None = None,
         generators: list[torch.Generator] | None = None,
+        row_extras: Tree | None = None,
     ) -> TrainResult:
         """Run every client's own schedule; returns new stacked params and buffers.
 
@@ -372,6 +385,8 @@ class LocalTrainer:
         at every step, drawn from that client's own ``generators[i]`` (one per client, in
         cohort order), so stochastic objectives (e.g. FedSR's sampled representation) stay
         independent of the cohort size: vmap itself forbids random ops in the step.
+        ``row_extras`` (name → [M, …], one entry per row of ``split``) are gathered like
+        ``env``: each step's extras carry the entries of its minibatch's rows.
         """
         device = next(iter(params.values())).device
         order = torch.argsort(schedule.steps, descending=True, stable=True)
@@ -412,7 +427,9 @@ class LocalTrainer:
                 every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps
             )
             active = []
-        call = _Call(split, idx, wgt, pc, shared or {}, trained, frozen, bufs, noise)
+        call = _Call(
+            split, idx, wgt, pc, shared or {}, trained, frozen, bufs, noise, row_extras or {}
+        )
         if active and self._runs_sequential(loss_fn, sgd, train_keys, call, active[0]):
             loss_sum += self._train_sequential(
                 loss_fn, sgd, train_keys, call, momentum, steps, order, generators

@@ -3,7 +3,9 @@ counts, feature sums for class centroids (FedPAC), full local gradients (FedIIR)
 
 ``client_sums`` runs a function over each client's training rows in padded chunks, vmapped
 over the cohort, and adds the results up; the function sees a validity mask so padding
-never counts. Everything is per client, so results do not depend on the cohort size.
+never counts. ``client_rows`` keeps a per-sample function's value for every row instead
+(a fixed representation's features, computed once rather than at every step). Everything
+is per client, so results do not depend on the cohort size.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import torch
 from torch import Tensor
 from torch.func import vmap
 
-from ...engine.contract import Cohort, Context, Tree
+from ...engine.contract import Cohort, Context, Tree, take
 
 CHUNK = 4096  # samples per vmapped call, summed over the cohort
+ROWS = 256  # rows per call of client_rows (one client at a time)
 
 
 def label_counts(ctx: Context, ids: Tensor) -> Tensor:
@@ -63,3 +66,42 @@ def client_sums(
         )
         total = out if not total else {k: total[k] + v for k, v in out.items()}
     return total
+
+
+def client_rows(
+    ctx: Context,
+    fn: Callable[[Tree, Tree, Tensor], Tensor],
+    cohort: Cohort,
+    per_client: Tree,
+    shared: Tree | None = None,
+) -> Tensor:
+    """``fn(per_client_i, shared, x)`` for every training row of every client i of the
+    cohort, as one tensor [M, …] aligned with the training split (the rows of clients
+    outside the cohort are zeros): a per-sample map such as a fixed representation's
+    features, computed once and handed to ``ctx.train`` as ``inputs`` or ``row_extras``
+    instead of recomputing it at every step that sees the row. ``fn`` acts on ONE client's
+    chunk (x [m, …]) and must treat every sample on its own (no batch statistics).
+
+    Client after client, in chunks of exactly ``ROWS`` rows (the last one padded): every
+    call has the same shapes whatever the cohort's width or the client's size, so the
+    results are bit for bit the same (a matrix product's rounding may change with its
+    shape).
+    """
+    split = ctx.data.train
+    out: Tensor | None = None
+    ctx.model.eval()
+    last = max(split.x.shape[0] - 1, 0)
+    for j, cid in enumerate(cohort.ids.tolist()):
+        lo, hi = int(split.offsets[cid]), int(split.offsets[cid + 1])
+        mine = take(per_client, j)
+        for start in range(lo, hi, ROWS):
+            rows = torch.arange(start, start + ROWS).clamp(max=last).to(ctx.device)
+            value = fn(mine, shared or {}, split.x[rows])  # [ROWS, …]
+            if out is None:
+                out = value.new_zeros((split.y.shape[0], *value.shape[1:]))
+            n = min(ROWS, hi - start)
+            out[start : start + n] = value[:n]
+    if out is None:  # the cohort holds no rows: the shape of one output
+        value = fn(take(per_client, 0), shared or {}, split.x[:1])
+        out = value.new_zeros((split.y.shape[0], *value.shape[1:]))
+    return out

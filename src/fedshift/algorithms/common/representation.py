@@ -24,6 +24,13 @@ def head(model, params: Tree, buffers: Tree, z: Tensor) -> Tensor:
     return functional_call(model.head, sub, (z,))
 
 
+def per_sample_model(model: torch.nn.Module, buffers: Tree) -> bool:
+    """Whether the model maps each sample on its own in training mode: no buffers (batch
+    statistics) and no dropout, so its outputs may be computed once and reused."""
+    dropout = torch.nn.modules.dropout._DropoutNd
+    return not buffers and not any(isinstance(m, dropout) for m in model.modules())
+
+
 def one_hot(labels: Tensor, n: int, dtype: torch.dtype) -> Tensor:
     """One-hot rows that work under vmap (``F.one_hot`` does not)."""
     return (labels[:, None] == torch.arange(n, device=labels.device)).to(dtype)
