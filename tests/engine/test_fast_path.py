@@ -209,3 +209,91 @@ def test_a_written_gradient_replaces_autograd_and_inputs_replace_the_images():
     torch.testing.assert_close(written.params["w"], auto.params["w"])
     with pytest.raises(ValueError, match="rows"):
         ctx.train(risk, w0, {}, cohort, row_extras={"shift": shift[:-1]})
+
+
+@pytest.mark.parametrize("model,opts", [("mlp", {"hidden": [16, 8]}), ("mlr", {})])
+def test_written_mlp_risk_gradient_is_autograds_under_vmap(model, opts):
+    from fedshift.engine.contract import mlp_risk_gradient
+
+    data = toy_data()
+    m = build_model(model, data.input_shape, data.num_classes, opts)
+    gradient = mlp_risk_gradient(m)
+    assert gradient is not None
+    params = stack({k: v.detach() for k, v in m.named_parameters()}, 3)
+    params = {k: v + 0.1 * torch.randn_like(v) for k, v in params.items()}  # three clients
+    x = torch.randn(3, 7, *data.input_shape)
+    y = torch.randint(0, data.num_classes, (3, 7))
+    w = torch.ones(3, 7)
+    w[1, 4:] = 0  # a short batch
+
+    def risk(p, x, y, w):
+        return cross_entropy(torch.func.functional_call(m, p, (x,)), y, w)
+
+    grads, loss = torch.func.vmap(gradient)(params, x, y, w)
+    want = torch.func.vmap(torch.func.grad(risk))(params, x, y, w)
+    torch.testing.assert_close(loss, torch.func.vmap(risk)(params, x, y, w))
+    assert sorted(grads) == sorted(params)
+    for k in params:
+        torch.testing.assert_close(grads[k], want[k], msg=k)
+
+
+def test_no_written_risk_gradient_for_other_models():
+    from fedshift.engine.contract import mlp_risk_gradient
+
+    data = toy_data()
+    assert mlp_risk_gradient(build_model("mlp", data.input_shape, data.num_classes, {})) is not None
+    cnn = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3))
+    assert mlp_risk_gradient(cnn) is None
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "ditto", "irm-l2", "pfedme"])
+def test_written_gradients_train_as_autograd(monkeypatch, algorithm):
+    """FedProx's and Ditto's proximal objectives and pFedMe's inner problem use the MLP
+    risk's gradient written out; the runs equal autograd's to float rounding."""
+    from fedshift.algorithms.pfedme import PFedMe
+    from fedshift.engine import local
+
+    options = {"mu": 0.5} if algorithm == "fedprox" else {}
+    settings = dict(SETTINGS, rounds=2, model_options={"hidden": [16]}, lr=0.05)
+
+    def run():
+        return fs.run(algorithm=algorithm, data=toy_data(), algorithm_options=options, **settings)
+
+    alg = build_experiment(
+        fs.make_config(algorithm=algorithm, algorithm_options=options, **settings), data=toy_data()
+    ).algorithm
+    if algorithm == "pfedme":
+        assert alg.risk_gradient() is not None
+    else:
+        own = alg.loss if algorithm == "fedprox" else alg.personal_loss
+        assert local.written_gradient(own) is not None
+    written = run()
+    monkeypatch.setattr(local, "written_gradient", lambda loss: None)
+    monkeypatch.setattr(PFedMe, "risk_gradient", lambda self: None)
+    autograd = run()
+    for k, v in autograd.result.server.items():
+        torch.testing.assert_close(written.result.server[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    torch.testing.assert_close(written.result.accuracy, autograd.result.accuracy)
+
+
+def test_proximal_gradient_is_autograds():
+    from fedshift.algorithms.common.losses import squared_distance
+    from fedshift.algorithms.common.proximal import proximal_gradient
+    from fedshift.engine.contract import mlp_risk_gradient
+
+    data = toy_data()
+    m = build_model("mlp", data.input_shape, data.num_classes, {"hidden": [8]})
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    anchor = {k: v + 0.3 * torch.randn_like(v) for k, v in params.items()}
+    anchor["env"] = torch.zeros(5, dtype=torch.int64)  # extras beside the anchor are skipped
+    x, y, w = data.train.x[:5], data.train.y[:5], torch.tensor([1.0, 1, 1, 0, 1])
+
+    def objective(p):
+        risk = cross_entropy(torch.func.functional_call(m, p, (x,)), y, w)
+        return risk + 0.5 * 0.7 * squared_distance(p, anchor)
+
+    grads, value = proximal_gradient(mlp_risk_gradient(m), 0.7, params, anchor, x, y, w)
+    torch.testing.assert_close(value, objective(params))
+    want = torch.func.grad(objective)(params)
+    for k in params:
+        torch.testing.assert_close(grads[k], want[k], msg=k)

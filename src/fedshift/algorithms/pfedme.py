@@ -24,7 +24,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.contract import SGDConfig, Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import (
+    SGDConfig,
+    Tree,
+    mlp_risk_gradient,
+    stack,
+    strip_prefix,
+    weighted_mean,
+    with_prefix,
+)
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -69,6 +77,15 @@ class PFedMe(Algorithm):
         """f_i(θ; minibatch), the risk inside the Moreau envelope (FedSDR+pFedMe overrides)."""
         return cross_entropy(self.ctx.forward(theta, buffers, x), y, w)
 
+    def risk_gradient(self):
+        """∇ of the plain risk written out for an MLP (the inner problem's K steps are most
+        of pFedMe's work: autograd's fixed cost per step is saved), else ``None``."""
+        if type(self).personal_risk is not PFedMe.personal_risk:
+            return None
+        if not hasattr(self, "_risk_gradient"):
+            self._risk_gradient = mlp_risk_gradient(self.ctx.model)
+        return self._risk_gradient
+
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         local = {k: v for k, v in params.items() if not k.startswith("pm/")}
         theta = strip_prefix(params, "pm/")
@@ -79,7 +96,9 @@ class PFedMe(Algorithm):
 
         # Alg. 1: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃, w_i ← w_i − ηλ(w_i − θ̃)
         lam = self.prox_weight()
-        solved = prox_solve(risk, theta, local, lam, hp.personal_lr, hp.inner_steps)
+        written = self.risk_gradient()
+        gradient = None if written is None else (lambda t: written(t, x, y, w)[0])
+        solved = prox_solve(risk, theta, local, lam, hp.personal_lr, hp.inner_steps, gradient)
         surrogate = move_to(theta, solved, self.ctx.sgd.lr) + pull_towards(local, solved, lam)
         return report_as(surrogate, risk(solved))
 

@@ -49,7 +49,7 @@ from ..data.federated import FederatedData
 from ..models.base import FedModel
 from .context import Cohort, Context
 from .execution import single_threaded
-from .fused import plain_cross_entropy
+from .fused import mlp_risk_gradient, plain_cross_entropy
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, gradient_by, sample_mean
 from .rng import generator, torch_seed
@@ -82,6 +82,7 @@ __all__ = [
     "cross_entropy",
     "generator",
     "gradient_by",
+    "mlp_risk_gradient",
     "put",
     "sample_mean",
     "select",

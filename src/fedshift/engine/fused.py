@@ -219,3 +219,43 @@ class FusedMLPStep:
                 delta = below
                 if self.layers[i - 1].relu:  # ReLU's backward, as autograd computes it
                     delta = torch.ops.aten.threshold_backward(delta, a_in, 0)
+
+
+def mlp_risk_gradient(model: nn.Module) -> Callable | None:
+    """For an MLP the fused step handles: ``gradient(params, x, y, w) -> (∇ of every
+    parameter, loss)`` of the weighted cross-entropy for ONE client's minibatch, written out
+    (the fused step's backward pass without its in-place update), for losses that need the
+    risk's gradient at points of their own (pFedMe's inner problem) and run under ``vmap``.
+    ``None`` for any other model."""
+    layers = mlp_layers(model)
+    if layers is None or any(True for _ in model.buffers()):
+        return None
+
+    def gradient(params: Tree, x: Tensor, y: Tensor, w: Tensor) -> tuple[Tree, Tensor]:
+        a = x.reshape(x.shape[0], -1)
+        acts = []  # input of each layer
+        for layer in layers:
+            acts.append(a)
+            a = a @ params[layer.weight].T
+            if layer.bias is not None:
+                a = a + params[layer.bias]
+            if layer.relu:
+                a = a.clamp_min(0)
+        logp = torch.log_softmax(a, -1)  # a: the logits [B, classes]
+        scale = loss_scale(w)
+        target = (y[:, None] == torch.arange(a.shape[-1], device=y.device)).to(a.dtype)
+        loss = -(scale * (logp * target).sum(-1)).sum()
+        delta = (logp.exp() - target) * scale[:, None]  # d loss / d logits
+        grads: Tree = {}
+        for i in range(len(layers) - 1, -1, -1):
+            layer = layers[i]
+            grads[layer.weight] = delta.T @ acts[i]
+            if layer.bias is not None:
+                grads[layer.bias] = delta.sum(0)
+            if i > 0:
+                delta = delta @ params[layer.weight]
+                if layers[i - 1].relu:  # ReLU's backward, as autograd computes it
+                    delta = torch.where(acts[i] > 0, delta, torch.zeros_like(delta))
+        return grads, loss
+
+    return gradient

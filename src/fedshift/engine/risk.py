@@ -20,24 +20,30 @@ def cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
     return sample_mean(F.cross_entropy(logits, y, reduction="none"), w)
 
 
-def gradient_by(gradient: Callable) -> Callable:
+def gradient_by(gradient: Callable, when: Callable | None = None) -> Callable:
     """Mark a loss with its gradient written out: ``gradient(params, buffers, extras, x, y,
     w) -> (gradient of every params entry, loss)`` for one client's batch, which the engine
     calls in place of autograd of the loss. For small steps (a linear head on fixed
     features) autograd's and vmap's fixed cost per step is most of the step; a test must
-    check the written gradient against autograd's."""
+    check the written gradient against autograd's. For a method's loss, ``when(self)`` says
+    whether the written gradient applies (e.g. only for an MLP); otherwise autograd runs."""
 
     def mark(loss: Callable) -> Callable:
         loss.gradient = gradient
+        loss.gradient_when = when
         return loss
 
     return mark
 
 
 def written_gradient(loss_fn: Callable) -> Callable | None:
-    """The gradient a loss was marked with by ``gradient_by`` (bound like the loss)."""
+    """The gradient a loss was marked with by ``gradient_by`` (bound like the loss), if it
+    applies."""
     gradient = getattr(loss_fn, "gradient", None)
     owner = getattr(loss_fn, "__self__", None)
     if gradient is None or owner is None:
         return gradient
+    when = getattr(loss_fn, "gradient_when", None)
+    if when is not None and not when(owner):
+        return None
     return gradient.__get__(owner)

@@ -14,10 +14,17 @@ from .losses import squared_distance
 
 
 def prox_solve(
-    loss: Callable[[Tree], Tensor], theta: Tree, anchor: Tree, lam: float, lr: float, steps: int
+    loss: Callable[[Tree], Tensor],
+    theta: Tree,
+    anchor: Tree,
+    lam: float,
+    lr: float,
+    steps: int,
+    gradient: Callable[[Tree], Tree] | None = None,
 ) -> Tree:
     """``steps`` gradient steps (lr ``lr``) on loss(θ) + (λ/2)‖θ − anchor‖², from ``theta``.
-    Runs inside a (vmapped) loss; the result carries no gradient to ``theta`` or ``anchor``."""
+    Runs inside a (vmapped) loss; the result carries no gradient to ``theta`` or ``anchor``.
+    ``gradient`` (θ → ∇loss(θ), written out) replaces autograd of ``loss``."""
     theta = {k: v.detach() for k, v in theta.items()}
     anchor = {k: v.detach() for k, v in anchor.items()}
 
@@ -25,9 +32,26 @@ def prox_solve(
         return loss(t) + 0.5 * lam * squared_distance(t, anchor)
 
     for _ in range(steps):
-        g = grad(objective)(theta)
+        if gradient is None:
+            g = grad(objective)(theta)
+        else:
+            g = gradient(theta)
+            g = {k: g[k] + lam * (theta[k] - anchor[k]) for k in theta}
         theta = {k: theta[k] - lr * g[k] for k in theta}
     return theta
+
+
+def proximal_gradient(
+    risk_gradient: Callable, weight: float, params: Tree, anchor: Tree, x, y, w
+) -> tuple[Tree, Tensor]:
+    """∇ and value of R(θ) + (weight/2)‖θ − anchor‖² (over the keys both trees have, as
+    ``squared_distance``) from the risk's written gradient ``risk_gradient(θ, x, y, w)``:
+    FedProx's and Ditto's local objectives without autograd (``gradient_by``)."""
+    grads, risk = risk_gradient(params, x, y, w)
+    for k in anchor:
+        if k in params:
+            grads[k] = grads[k] + weight * (params[k] - anchor[k])
+    return grads, risk + 0.5 * weight * squared_distance(params, anchor)
 
 
 def move_to(params: Tree, target: Tree, lr: float) -> Tensor:
