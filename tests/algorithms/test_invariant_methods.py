@@ -330,7 +330,7 @@ def test_pfedme_step_matches_algorithm_by_hand(monkeypatch, written):
     """One engine step of the pFedMe surrogate = K personal steps, then w ← w − ηλ(w − θ̃);
     with the MLP risk's gradient written out (the default for an MLP) and with autograd."""
     if not written:
-        monkeypatch.setattr(PFedMe, "risk_gradient", lambda self: None)
+        monkeypatch.setattr(PFedMe, "inner_gradient", lambda self: None)
     exp = build_experiment(
         make_config(algorithm="pfedme", **{**SETTINGS, "lr": 0.05}),
         data=toy_data(sizes=SIZES),
@@ -338,7 +338,7 @@ def test_pfedme_step_matches_algorithm_by_hand(monkeypatch, written):
     ctx = exp.ctx
     hp = PFedMeHyper(lambda_=4.0, inner_steps=3, personal_lr=0.2)
     alg = PFedMe(hp, ctx)
-    assert (alg.risk_gradient() is not None) == written
+    assert (alg.inner_gradient() is not None) == written
     g = torch.Generator().manual_seed(1)
     w = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in ctx.initial_params.items()}
     theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in w.items()}

@@ -246,10 +246,11 @@ def test_no_written_risk_gradient_for_other_models():
     assert mlp_risk_gradient(cnn) is None
 
 
-@pytest.mark.parametrize("algorithm", ["fedprox", "ditto", "irm-l2", "pfedme"])
+@pytest.mark.parametrize("algorithm", ["fedprox", "ditto", "irm-l2", "scaffold", "pfedme"])
 def test_written_gradients_train_as_autograd(monkeypatch, algorithm):
-    """FedProx's and Ditto's proximal objectives and pFedMe's inner problem use the MLP
-    risk's gradient written out; the runs equal autograd's to float rounding."""
+    """FedProx's and Ditto's proximal objectives, SCAFFOLD's corrected step and pFedMe's
+    inner problem use the MLP risk's gradient written out; the runs equal autograd's to
+    float rounding."""
     from fedshift.algorithms.pfedme import PFedMe
     from fedshift.engine import local
 
@@ -263,13 +264,13 @@ def test_written_gradients_train_as_autograd(monkeypatch, algorithm):
         fs.make_config(algorithm=algorithm, algorithm_options=options, **settings), data=toy_data()
     ).algorithm
     if algorithm == "pfedme":
-        assert alg.risk_gradient() is not None
+        assert alg.inner_gradient() is not None
     else:
-        own = alg.loss if algorithm == "fedprox" else alg.personal_loss
+        own = alg.loss if algorithm in ("fedprox", "scaffold") else alg.personal_loss
         assert local.written_gradient(own) is not None
     written = run()
     monkeypatch.setattr(local, "written_gradient", lambda loss: None)
-    monkeypatch.setattr(PFedMe, "risk_gradient", lambda self: None)
+    monkeypatch.setattr(PFedMe, "inner_gradient", lambda self: None)
     autograd = run()
     for k, v in autograd.result.server.items():
         torch.testing.assert_close(written.result.server[k], v, rtol=1e-4, atol=1e-5, msg=k)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.contract import Tree, gradient_by, mlp_risk_gradient
+from ..engine.contract import Tree, gradient_by
 from ..options import opt, require
 from .base import register_algorithm
 from .common.losses import cross_entropy, squared_distance
@@ -30,17 +30,10 @@ class FedProxHyper:
 class FedProx(FedAvg):
     Hyper = FedProxHyper
 
-    def written_risk_gradient(self):
-        """The MLP risk's gradient written out (``mlp_risk_gradient``), or None."""
-        if not hasattr(self, "_risk_gradient"):
-            self._risk_gradient = mlp_risk_gradient(self.ctx.model)
-        return self._risk_gradient
-
     def loss_gradient(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
-        risk_gradient = self.written_risk_gradient()
-        return proximal_gradient(risk_gradient, self.hp.mu, params, anchor, x, y, w)
+        return proximal_gradient(self.risk_gradient(), self.hp.mu, params, anchor, x, y, w)
 
-    @gradient_by(loss_gradient, when=lambda self: self.written_risk_gradient() is not None)
+    @gradient_by(loss_gradient, when=FedAvg.has_risk_gradient)
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         return risk + 0.5 * self.hp.mu * squared_distance(params, anchor)

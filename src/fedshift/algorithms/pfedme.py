@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from ..engine.contract import (
     SGDConfig,
     Tree,
-    mlp_risk_gradient,
     stack,
     strip_prefix,
     weighted_mean,
@@ -77,14 +76,13 @@ class PFedMe(Algorithm):
         """f_i(θ; minibatch), the risk inside the Moreau envelope (FedSDR+pFedMe overrides)."""
         return cross_entropy(self.ctx.forward(theta, buffers, x), y, w)
 
-    def risk_gradient(self):
-        """∇ of the plain risk written out for an MLP (the inner problem's K steps are most
-        of pFedMe's work: autograd's fixed cost per step is saved), else ``None``."""
+    def inner_gradient(self):
+        """∇ of the inner problem's risk written out for an MLP (its K steps are most of
+        pFedMe's work: autograd's fixed cost per step is saved); ``None`` for other models
+        and where a subclass changes ``personal_risk`` (FedSDR+pFedMe)."""
         if type(self).personal_risk is not PFedMe.personal_risk:
             return None
-        if not hasattr(self, "_risk_gradient"):
-            self._risk_gradient = mlp_risk_gradient(self.ctx.model)
-        return self._risk_gradient
+        return self.risk_gradient()
 
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         local = {k: v for k, v in params.items() if not k.startswith("pm/")}
@@ -96,7 +94,7 @@ class PFedMe(Algorithm):
 
         # Alg. 1: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃, w_i ← w_i − ηλ(w_i − θ̃)
         lam = self.prox_weight()
-        written = self.risk_gradient()
+        written = self.inner_gradient()
         gradient = None if written is None else (lambda t: written(t, x, y, w)[0])
         solved = prox_solve(risk, theta, local, lam, hp.personal_lr, hp.inner_steps, gradient)
         surrogate = move_to(theta, solved, self.ctx.sgd.lr) + pull_towards(local, solved, lam)

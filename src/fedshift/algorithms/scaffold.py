@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, gradient_by, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
@@ -56,6 +56,12 @@ class Scaffold(GlobalModelAlgorithm):
     def init_client_state(self, server: Tree) -> Tree:
         return {k: torch.zeros_like(v) for k, v in server.items() if k.startswith("c/")}
 
+    def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """∇ of ``loss`` with the risk's gradient written out: ∇R + (c − c_i); the risk."""
+        grads, risk = self.risk_gradient()(params, x, y, w)
+        return {k: g + extras[k] if k in extras else g for k, g in grads.items()}, risk
+
+    @gradient_by(loss_gradient, when=GlobalModelAlgorithm.has_risk_gradient)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         # Algorithm 1, line 10; the log shows the risk (the linear term has no floor)

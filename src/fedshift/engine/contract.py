@@ -169,6 +169,17 @@ class Algorithm(ABC):
         objective adds a term overrides it (and so never takes that step)."""
         return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
 
+    def risk_gradient(self):
+        """``loss``'s risk with its gradient written out, ``(params, x, y, w) -> (grads,
+        risk)``, for a model it handles (an MLP: ``mlp_risk_gradient``), else ``None``: for
+        methods whose objective adds a term to the risk (``gradient_by``)."""
+        if not hasattr(self, "_risk_gradient"):
+            self._risk_gradient = mlp_risk_gradient(self.ctx.model)
+        return self._risk_gradient
+
+    def has_risk_gradient(self) -> bool:
+        return self.risk_gradient() is not None
+
     @abstractmethod
     def configure(self, server: Tree, cohort: Cohort) -> Payload: ...
 

@@ -9,7 +9,7 @@ with the run's local epochs/steps and the same minibatch order as Local's traini
 
 from __future__ import annotations
 
-from ...engine.contract import Tree, gradient_by, mlp_risk_gradient
+from ...engine.contract import Algorithm, Tree, gradient_by
 from ..base import Payload, Prediction
 from .global_model import model_state, split_state
 from .losses import cross_entropy, squared_distance
@@ -25,17 +25,11 @@ class L2Personalization:
     def init_client_state(self, server: Tree) -> Tree:
         return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
 
-    def written_risk_gradient(self):
-        """The MLP risk's gradient written out (``mlp_risk_gradient``), or None."""
-        if not hasattr(self, "_risk_gradient"):
-            self._risk_gradient = mlp_risk_gradient(self.ctx.model)
-        return self._risk_gradient
-
     def personal_gradient(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
-        risk_gradient = self.written_risk_gradient()
-        return proximal_gradient(risk_gradient, self.personal_weight, params, anchor, x, y, w)
+        weight = self.personal_weight
+        return proximal_gradient(self.risk_gradient(), weight, params, anchor, x, y, w)
 
-    @gradient_by(personal_gradient, when=lambda self: self.written_risk_gradient() is not None)
+    @gradient_by(personal_gradient, when=Algorithm.has_risk_gradient)
     def personal_loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         return risk + 0.5 * self.personal_weight * squared_distance(params, anchor)
