@@ -96,11 +96,11 @@ def pfllib_evaluate(model: nn.Module, data: FederatedData, ids: list[int], batch
 
 
 class _Rows(TensorDataset):
-    """The training split as a dataset of (x, y, env) rows."""
+    """The training split as a dataset of (x, y, env, *row extras) rows."""
 
-    def __init__(self, split: Split) -> None:
+    def __init__(self, split: Split, row_extras: dict | None = None) -> None:
         env = split.env if split.env is not None else torch.zeros_like(split.y)
-        super().__init__(split.x, split.y, env)
+        super().__init__(split.x, split.y, env, *(row_extras or {}).values())
 
 
 class SequentialTrainer(LocalTrainer):
@@ -122,9 +122,11 @@ class SequentialTrainer(LocalTrainer):
         trainable=None,
         noise=None,
         generators=None,
+        row_extras=None,
     ) -> TrainResult:
         n = int(schedule.steps.numel())
-        dataset = _Rows(split)
+        dataset = _Rows(split, row_extras)
+        row_names = list(row_extras or {})
         out_p = {k: v.detach().clone() for k, v in params.items()}
         out_b = {k: v.detach().clone() for k, v in buffers.items()}
         losses = torch.zeros(n)
@@ -152,10 +154,11 @@ class SequentialTrainer(LocalTrainer):
             loader = DataLoader(dataset, batch_sampler=batches)
             extras_c = {**(shared or {}), **{k: v[i] for k, v in (per_client or {}).items()}}
             total = 0.0
-            for xb, yb, eb in loader:
+            for xb, yb, eb, *rows in loader:
                 extras = dict(extras_c)
                 if split.env is not None:
                     extras["env"] = eb
+                extras.update(zip(row_names, rows, strict=True))
                 for name, shape in (noise or {}).items():
                     extras[name] = torch.randn(shape, generator=generators[i])
                 opt.zero_grad()

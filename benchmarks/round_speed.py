@@ -270,7 +270,8 @@ def w3_case(
     )
     runner = build_experiment(cfg, data=data).runner
     ref = build_experiment(cfg, data=data)
-    ref.ctx.trainer = SequentialTrainer(ref.ctx.model)
+    # the context is frozen for methods; the benchmark swaps the reference's trainer in
+    object.__setattr__(ref.ctx, "trainer", SequentialTrainer(ref.ctx.model))
     out = pairs(runner.train_round, ref.runner.train_round, rounds)
     out["clients"], out["per_round"], out["model"] = clients, runner.k, type(ref.ctx.model).__name__
     out["execution"] = chosen(runner)
