@@ -101,6 +101,7 @@ def build_experiment(
         trainer=LocalTrainer(model, compile=cfg.compile, execution=cfg.execution),
         initial_params=params,
         initial_buffers=buffers,
+        cohort_size=cfg.cohort_size or 0,
     )
     algorithm = alg_cls(hyper, ctx)
     participation = cfg.participation or data.participation

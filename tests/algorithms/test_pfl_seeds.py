@@ -41,8 +41,10 @@ def run(algorithm, **kw):
     )
 
 
-def experiment(algorithm, **opts):
-    cfg = make_config(algorithm=algorithm, algorithm_options=opts, **SETTINGS)
+def experiment(algorithm, cohort_size=0, **opts):
+    cfg = make_config(
+        algorithm=algorithm, algorithm_options=opts, cohort_size=cohort_size, **SETTINGS
+    )
     return build_experiment(cfg, data=toy_data())
 
 
@@ -68,9 +70,13 @@ def test_ucfl_weights_eq9_by_hand():
 
 
 def test_ucfl_gradient_statistics_match_autograd():
-    exp = experiment("ucfl", stat_batch=16)
+    """Over cohorts of the run's cohort_size (3 of the 7 users here), equal to one cohort."""
+    exp = experiment("ucfl", cohort_size=3, stat_batch=16)
     alg, ctx = exp.algorithm, exp.ctx
-    grads, sigma2 = alg.gradient_statistics(chunk=3)
+    grads, sigma2 = alg.gradient_statistics()
+    whole = experiment("ucfl", stat_batch=16).algorithm.gradient_statistics()
+    torch.testing.assert_close(grads, whole[0])
+    torch.testing.assert_close(sigma2, whole[1])
     model = ctx.model
     for i in (0, 2, 5):
         x, y = ctx.data.train.client(i)

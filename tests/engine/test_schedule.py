@@ -54,3 +54,21 @@ def test_fixed_steps_and_order_independent_of_cohort():
         split, torch.tensor([1]), seed=0, round_=1, purpose="t", batch_size=4, steps=5
     )
     assert not torch.equal(other.index[0], alone.index[0])
+
+
+def test_one_batch_size_per_client_is_each_clients_own_schedule():
+    import pytest
+
+    split = split_of((5, 12, 0))
+    ids = torch.tensor([0, 1, 2])
+    kw = dict(seed=3, round_=0, purpose="stats", epochs=1)
+    both = make_schedule(split, ids, batch_size=[2, 4, 3], **kw)
+    for i, b in enumerate((2, 4, 3)):
+        own = make_schedule(split, ids[i : i + 1], batch_size=b, **kw)
+        s, w = int(own.steps[0]), own.index.shape[2]
+        assert int(both.steps[i]) == s
+        assert torch.equal(both.index[i, :s, :w], own.index[0])
+        assert torch.equal(both.weight[i, :s, :w], own.weight[0])
+        assert both.weight[i, s:].sum() == 0 and both.weight[i, :, w:].sum() == 0
+    with pytest.raises(ValueError, match="batch sizes"):
+        make_schedule(split, ids, batch_size=[2, 4], **kw)

@@ -35,13 +35,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.func import grad, vmap
 
-from ..engine.contract import Tree, client_order, generator, stack
+from ..engine.contract import Tree, stack
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import kmeans, silhouette_curve
 from .common.global_model import model_state, split_state
+from .common.local_stats import step_gradients
 
 UNDEFINED = -2.0  # silhouette slot with no score (scores lie in [-1, 1]); state stays finite
 
@@ -101,50 +101,33 @@ class UCFL(Algorithm):
         }
 
     # ---- Alg. 1 lines 1–6: the statistics round at θ⁰ --------------------------------
-    def gradient_statistics(self, chunk: int = 8) -> tuple[Tensor, Tensor]:
-        """Full gradient g_i [N, d] and σ_i² [N] (eq. 10) of every user at θ⁰."""
+    def gradient_statistics(self) -> tuple[Tensor, Tensor]:
+        """Full gradient g_i [N, d] and σ_i² [N] (eq. 10) of every user at θ⁰: one pass over
+        a random partition of each user's data into minibatches of ``stat_batch`` (default
+        a third of the user's data), cohort by cohort (the run's ``cohort_size``)."""
         ctx, data = self.ctx, self.ctx.data.train
         params, buffers = ctx.initial_params, ctx.initial_buffers
 
         def batch_sum(p, b, x, y, w):  # Σ_x w·ℓ(x), differentiated per user
             return (F.cross_entropy(ctx.forward(p, b, x), y, reduction="none") * w).sum()
 
-        per_user = vmap(grad(batch_sum), in_dims=(None, 0, 0, 0, 0))  # BN stats per user
         grads, sigma2 = [], []
-        ctx.model.train()
+        ctx.model.train()  # batch-norm statistics of each minibatch, from θ⁰'s every time
         sizes = data.sizes()
-        for lo in range(0, ctx.data.num_clients, chunk):
-            ids = list(range(lo, min(lo + chunk, ctx.data.num_clients)))
-            parts = []
-            for cid in ids:
-                n = int(sizes[cid])
-                b = self.hp.stat_batch or max(1, math.ceil(n / 3))
-                idx, wgt = client_order(n, b, generator(ctx.seed, 0, cid, "ucfl-stats"), 1, None)
-                parts.append((idx + int(data.offsets[cid]), wgt))
-            k_max = max(p[0].shape[0] for p in parts)
-            b_max = max(p[0].shape[1] for p in parts)
-            index = np.zeros((len(ids), k_max, b_max), np.int64)
-            weight = np.zeros((len(ids), k_max, b_max), np.float32)
-            for i, (idx, wgt) in enumerate(parts):
-                index[i, : idx.shape[0], : idx.shape[1]] = idx
-                weight[i, : wgt.shape[0], : wgt.shape[1]] = wgt
-            index_t = torch.from_numpy(index).to(data.x.device)
-            weight_t = torch.from_numpy(weight).to(data.x.device)
-            sums = []
-            for k in range(k_max):  # one pass over each user's random partition
-                rows = index_t[:, k]
-                bufs = stack(buffers, len(ids))  # fresh θ⁰ statistics for every batch
-                g = per_user(params, bufs, data.x[rows], data.y[rows], weight_t[:, k])
-                sums.append(torch.cat([v.reshape(len(ids), -1) for v in g.values()], 1).double())
-            sums_t = torch.stack(sums, 1)  # [c, K, d] per-batch gradient sums
-            counts = weight_t.sum(-1).double()  # [c, K]
+        for cohort in ctx.cohorts(torch.arange(ctx.data.num_clients), 0):
+            ns = sizes[cohort.ids].tolist()
+            batch = [self.hp.stat_batch or max(1, math.ceil(n / 3)) for n in ns]
+            sched = ctx.schedule(cohort, "ucfl-stats", epochs=1, batch_size=batch)
+            g = step_gradients(ctx, batch_sum, params, buffers, sched)
+            c, k_max = len(cohort), sched.max_steps
+            sums_t = torch.cat([v.reshape(c, k_max, -1) for v in g.values()], 2).double()
+            counts = sched.weight.to(data.x.device).sum(-1).double()  # [c, K]
             n_i = counts.sum(1).clamp(min=1)
             full = sums_t.sum(1) / n_i[:, None]
             means = sums_t / counts.clamp(min=1)[..., None]
             dev = ((means - full[:, None, :]) ** 2).sum(-1)  # [c, K]
-            batch = torch.tensor([p[0].shape[1] for p in parts], dtype=torch.float64)
-            use = counts == batch.to(counts.device)[:, None]  # full minibatches only
-            use = torch.where(use.any(1, keepdim=True), use, counts > 0)
+            use = counts == torch.tensor(batch, dtype=torch.float64, device=counts.device)[:, None]
+            use = torch.where(use.any(1, keepdim=True), use, counts > 0)  # full minibatches only
             sigma2.append((dev * use).sum(1) / use.sum(1).clamp(min=1))
             grads.append(full)
         return torch.cat(grads), torch.cat(sigma2)

@@ -46,6 +46,7 @@ class Context:
     trainer: LocalTrainer
     initial_params: Tree
     initial_buffers: Tree
+    cohort_size: int = 0  # clients per batched call (0: all at once), the run's cohort_size
 
     def __getattribute__(self, name: str):
         # on a client-group thread (execution = sequential) ``ctx.model`` is that thread's
@@ -66,13 +67,19 @@ class Context:
         sizes = self.data.train.sizes()[ids.cpu()].to(torch.float32)
         return Cohort(ids.cpu(), round_, sizes)
 
+    def cohorts(self, ids: Tensor, round_: int) -> list[Cohort]:
+        """``ids`` as cohorts of at most ``cohort_size`` clients, for an algorithm's own
+        passes over clients (a statistics round before training)."""
+        size = self.cohort_size if self.cohort_size > 0 else max(int(ids.numel()), 1)
+        return [self.cohort(chunk, round_) for chunk in ids.split(size)]
+
     def schedule(
         self,
         cohort: Cohort,
         purpose: str,
         epochs: int | None = None,
         steps: int | None = None,
-        batch_size: int | None = None,
+        batch_size: int | list[int] | None = None,
         split: Split | None = None,
     ) -> Schedule:
         """Per-client minibatch order; defaults to the run's local_epochs / local_steps."""

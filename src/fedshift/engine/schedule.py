@@ -57,18 +57,23 @@ def make_schedule(
     seed: int,
     round_: int,
     purpose: str,
-    batch_size: int,
+    batch_size: int | list[int],
     epochs: int | None = None,
     steps: int | None = None,
 ) -> Schedule:
-    """Schedule for clients ``ids`` over ``split`` (exactly one of ``epochs``/``steps``)."""
+    """Schedule for clients ``ids`` over ``split`` (exactly one of ``epochs``/``steps``);
+    ``batch_size`` is one for all, or one per client of ``ids`` (statistics passes whose
+    batch follows the client's size)."""
     if (epochs is None) == (steps is None):
         raise ValueError("give exactly one of epochs or steps")
     sizes = split.sizes()
+    batches = batch_size if isinstance(batch_size, list) else [batch_size] * len(ids)
+    if len(batches) != len(ids):
+        raise ValueError(f"{len(batches)} batch sizes for {len(ids)} clients")
     parts = []
-    for cid in ids.tolist():
+    for cid, batch in zip(ids.tolist(), batches, strict=True):
         n = int(sizes[cid])
-        b = batch_size if batch_size > 0 else max(n, 1)  # batch_size <= 0: full batch
+        b = batch if batch > 0 else max(n, 1)  # batch_size <= 0: full batch
         idx, wgt = client_order(n, b, generator(seed, round_, cid, purpose), epochs, steps)
         parts.append((idx + int(split.offsets[cid]), wgt))
     c = len(parts)

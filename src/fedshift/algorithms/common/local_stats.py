@@ -1,5 +1,6 @@
 """Per-client statistics over a client's whole local training set (no training): label
-counts, feature sums for class centroids (FedPAC), full local gradients (FedIIR), losses.
+counts, feature sums for class centroids (FedPAC), full local gradients (FedIIR), losses,
+per-minibatch gradients over a schedule (UCFL's statistics round).
 
 ``client_sums`` runs a function over each client's training rows in padded chunks, vmapped
 over the cohort, and adds the results up; the function sees a validity mask so padding
@@ -14,9 +15,9 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch.func import vmap
+from torch.func import grad, vmap
 
-from ...engine.contract import Cohort, Context, Tree, take
+from ...engine.contract import Cohort, Context, Tree, stack, take
 
 CHUNK = 4096  # samples per vmapped call, summed over the cohort
 ROWS = 256  # rows per call of client_rows (one client at a time)
@@ -105,3 +106,29 @@ def client_rows(
         value = fn(take(per_client, 0), shared or {}, split.x[:1])
         out = value.new_zeros((split.y.shape[0], *value.shape[1:]))
     return out
+
+
+def step_gradients(
+    ctx: Context,
+    fn: Callable[[Tree, Tree, Tensor, Tensor, Tensor], Tensor],
+    params: Tree,
+    buffers: Tree,
+    schedule,
+) -> Tree:
+    """∇_params ``fn(params, buffers, x, y, w)`` on every minibatch of ``schedule`` (from
+    ``ctx.schedule``) for every client of its cohort, at one shared point ``params`` (a
+    statistics pass, nothing is trained): per parameter a tensor [C, S, …]. Each step starts
+    from ``buffers`` (batch-norm statistics are the point's, not the previous batch's);
+    steps past a client's own count have zero weight. The model's mode is the caller's."""
+    per_client = vmap(grad(fn), in_dims=(None, 0, 0, 0, 0))
+    split = ctx.data.train
+    index = schedule.index.to(split.x.device)
+    weight = schedule.weight.to(split.x.device)
+    c = index.shape[0]
+    out = []
+    for s in range(schedule.max_steps):
+        rows = index[:, s]
+        out.append(
+            per_client(params, stack(buffers, c), split.x[rows], split.y[rows], weight[:, s])
+        )
+    return {k: torch.stack([o[k] for o in out], 1) for k in out[0]} if out else {}
