@@ -11,6 +11,7 @@ Each client is evaluated with its personalized model θ_i (pFedMe's "personalize
 Engine mapping: θ_i and w_i are trained together; the loss solves the inner problem
 (``common.proximal.prox_solve``) and returns a surrogate whose plain SGD step sets θ_i ← θ̃_i
 and w_i ← w_i − ηλ(w_i − θ̃_i) exactly, so the run's momentum and weight decay are not used.
+For an MLP the K inner gradients are written out (``Algorithm.risk_gradient``), not autograd's.
 θ_i restarts from w at each round (the authors' code). Every client trains every round
 (the authors' server, ``serverpFedMe.train``: "do update for all users not only selected
 users"); only the sampled clients upload w_i. Under partial participation the others

@@ -5,7 +5,8 @@ Objective: FedAvg's min_x Σ_i (n_i / n) R_i(x), with client drift corrected by 
 variates. Algorithm 1 of the paper, per round with server model x and control variate c:
 each sampled client starts from y_i = x and takes K_i steps y_i ← y_i − η_l (g_i(y_i) − c_i + c)
 (here: the gradient of R_i(y) + ⟨c − c_i, y⟩, so the engine's autodiff gives exactly that
-update); then option II: c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); it uploads Δy_i = y_i − x and
+update; for an MLP the same gradient written out, ``loss_gradient``); then option II:
+c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); it uploads Δy_i = y_i − x and
 Δc_i = c_i⁺ − c_i. The server sets x ← x + η_g · mean_S Δy_i and c ← c + (1/N) Σ_S Δc_i.
 
 Defaults and choices: η_g = 1 (the paper's experiments); c and every c_i start at 0; the
