@@ -209,6 +209,8 @@ def test_a_written_gradient_replaces_autograd_and_inputs_replace_the_images():
     torch.testing.assert_close(written.params["w"], auto.params["w"])
     with pytest.raises(ValueError, match="rows"):
         ctx.train(risk, w0, {}, cohort, row_extras={"shift": shift[:-1]})
+    with pytest.raises(ValueError, match="inputs"):  # the engine's risk runs the model on x
+        ctx.train(exp.algorithm.loss, w0, {}, cohort, inputs=data.train.x + shift)
 
 
 @pytest.mark.parametrize("model,opts", [("mlp", {"hidden": [16, 8]}), ("mlr", {})])

@@ -14,6 +14,7 @@ from torch import Tensor
 from ..data.federated import FederatedData, Split
 from ..models.base import FedModel
 from .execution import replica
+from .fused import declares_plain_cross_entropy
 from .local import LocalTrainer, LossFn, TrainResult
 from .rng import torch_seed
 from .schedule import Schedule, make_schedule
@@ -132,6 +133,11 @@ class Context:
                     f"{name} has {v.shape[0]} rows; the training split has {split.y.shape[0]}"
                 )
         if inputs is not None:
+            if declares_plain_cross_entropy(loss_fn):
+                raise ValueError(
+                    "inputs= replaces the model's inputs, but the engine's risk runs the model "
+                    "on x: give a loss written for the inputs (e.g. a head on features)"
+                )
             split = Split(inputs, split.y, split.offsets, split.env)
         sched = self.schedule(cohort, purpose, epochs, steps, batch_size)
         generators = None
