@@ -111,7 +111,6 @@ def build_experiment(
         rounds=cfg.rounds,
         participation=participation,
         clients_per_round=cfg.clients_per_round or None,
-        cohort_size=cfg.cohort_size or None,
         eval_every=eval_interval(cfg),
         on_round=on_round,
         faults=faults,

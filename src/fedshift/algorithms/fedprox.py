@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..engine.contract import Tree, gradient_by
 from ..options import opt, require
-from .base import register_algorithm
+from .base import Algorithm, register_algorithm
 from .common.losses import cross_entropy, squared_distance
 from .common.proximal import proximal_gradient
 from .fedavg import FedAvg
@@ -33,7 +33,7 @@ class FedProx(FedAvg):
     def loss_gradient(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         return proximal_gradient(self.risk_gradient(), self.hp.mu, params, anchor, x, y, w)
 
-    @gradient_by(loss_gradient, when=FedAvg.has_risk_gradient)
+    @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient)
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         return risk + 0.5 * self.hp.mu * squared_distance(params, anchor)

@@ -25,7 +25,7 @@ import torch
 
 from ..engine.contract import Tree, gradient_by, strip_prefix, weighted_mean, with_prefix
 from ..options import opt, require
-from .base import ClientResult, Payload, RoundInfo, register_algorithm
+from .base import Algorithm, ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
 from .common.losses import cross_entropy
 from .common.proximal import report_as
@@ -62,7 +62,7 @@ class Scaffold(GlobalModelAlgorithm):
         grads, risk = self.risk_gradient()(params, x, y, w)
         return {k: g + extras[k] if k in extras else g for k, g in grads.items()}, risk
 
-    @gradient_by(loss_gradient, when=GlobalModelAlgorithm.has_risk_gradient)
+    @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         # Algorithm 1, line 10; the log shows the risk (the linear term has no floor)

@@ -103,8 +103,8 @@ class UCFL(Algorithm):
     # ---- Alg. 1 lines 1–6: the statistics round at θ⁰ --------------------------------
     def gradient_statistics(self) -> tuple[Tensor, Tensor]:
         """Full gradient g_i [N, d] and σ_i² [N] (eq. 10) of every user at θ⁰: one pass over
-        a random partition of each user's data into minibatches of ``stat_batch`` (default
-        a third of the user's data), cohort by cohort (the run's ``cohort_size``)."""
+        a random partition of each user's data into minibatches of ``stat_batch`` (0: a
+        third of the user's data), cohort by cohort (the run's ``cohort_size``)."""
         ctx, data = self.ctx, self.ctx.data.train
         params, buffers = ctx.initial_params, ctx.initial_buffers
 

@@ -73,7 +73,6 @@ class Runner:
         rounds: int,
         participation: float,
         clients_per_round: int | None = None,
-        cohort_size: int | None = None,
         eval_every: int = 0,
         state_device: str | torch.device | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
@@ -84,7 +83,7 @@ class Runner:
         self.rounds = rounds
         n = ctx.data.num_clients
         self.k = count_per_round(n, participation, clients_per_round)
-        self.cohort_size = cohort_size if cohort_size and cohort_size > 0 else n
+        self.cohort_size = ctx.cohort_size if ctx.cohort_size > 0 else n  # one source
         self.eval_every = eval_every
         self.on_round = on_round
         self.server = algorithm.init()

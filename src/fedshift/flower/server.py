@@ -120,7 +120,6 @@ class FlowerRunner(Runner):
             rounds=r.rounds,
             participation=1.0,
             clients_per_round=r.k,
-            cohort_size=r.cohort_size,
             eval_every=r.eval_every,
             on_round=r.on_round,
             faults=r.faults,
