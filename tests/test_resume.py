@@ -18,6 +18,7 @@ import fedshift as fs
 from fedshift.algorithms import ALGORITHMS
 from fedshift.api import checkpoint_path, resume
 from fedshift.engine.runner import Runner
+from fedshift.engine.tree import flatten
 from fedshift.results.store import RunStore
 
 SETTINGS = dict(lr=0.1, batch_size=8, rounds=5, model_options={"hidden": [8]}, eval_every=2)
@@ -44,8 +45,9 @@ def test_resume_after_a_crash_is_bit_identical(tmp_path, monkeypatch, algorithm)
     assert rec["status"] == "failed" and rec["rounds_done"] == 3
     resumed = resume(rec["run_id"], db, data=data())
     assert resumed.metrics == reference.metrics
-    for k, v in reference.result.server.items():
-        assert torch.equal(resumed.result.server[k], v)
+    got = flatten(resumed.result.server)
+    for k, v in flatten(reference.result.server).items():
+        assert torch.equal(got[k], v), k
     assert resumed.result.bytes_up == reference.result.bytes_up
     final = RunStore(db).run(rec["run_id"])
     assert final["status"] == "done" and final["bytes_up"] == reference.result.bytes_up

@@ -21,6 +21,7 @@ from toy import algorithm_test_data  # noqa: E402
 
 import fedshift as fs  # noqa: E402
 from fedshift.algorithms import ALGORITHMS  # noqa: E402
+from fedshift.engine.tree import flatten  # noqa: E402
 
 PINNED = Path(__file__).with_name("pinned_numbers.json")
 
@@ -63,7 +64,8 @@ def numbers(algorithm: str, seed: int = 0) -> dict:
     out = fs.run(algorithm=algorithm, data=algorithm_test_data(algorithm)(), seed=seed, **SETTINGS)
     res = out.result
     return {
-        "server": {k: _tensor(v) for k, v in sorted(res.server.items())},
+        # flat "/"-joined names: nested state pins as the prefixed names it replaced
+        "server": {k: _tensor(v) for k, v in sorted(flatten(res.server).items())},
         "accuracy": _tensor(res.accuracy),
         "val_accuracy": None if res.val_accuracy is None else _tensor(res.val_accuracy),
         "rounds": [

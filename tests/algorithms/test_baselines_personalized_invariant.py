@@ -98,12 +98,12 @@ def test_irm_ft_without_finetuning_predicts_as_irm():
 # ---------------------------------------------------------------- FedRep
 def test_fedrep_zero_head_epochs_keeps_initial_heads_and_averages_uniformly():
     exp, _ = experiment("fedrep", algorithm_options={"head_epochs": 0})
-    heads = client_state(exp)
-    for k, v in heads.items():  # p/head.* of every client = the initial head
-        init = exp.ctx.initial_params[k[2:]]
+    heads = client_state(exp)["p"]
+    for k, v in heads.items():  # head.* of every client = the initial head
+        init = exp.ctx.initial_params[k]
         torch.testing.assert_close(v, init.expand_as(v))
     trained, _ = experiment("fedrep")
-    w = client_state(trained)["p/head.weight"]
+    w = client_state(trained)["p"]["head.weight"]
     assert not torch.allclose(w[0], w[1])
     # one round by hand: the server's φ is the plain mean of the uploaded φ_i
     alg, ctx = trained.algorithm, trained.ctx
@@ -113,9 +113,10 @@ def test_fedrep_zero_head_epochs_keeps_initial_heads_and_averages_uniformly():
         alg.configure(alg.init(), cohort), trained.runner.store.take(ids, "cpu"), cohort
     )
     new = alg.aggregate(alg.init(), out.upload, RoundInfo(ids, out.num_examples, 7))
-    for k, v in out.upload.items():
-        torch.testing.assert_close(new[k], v.mean(0))
-    assert not any(k.startswith("p/head.") for k in out.upload)
+    for part, tree in out.upload.items():
+        for k, v in tree.items():
+            torch.testing.assert_close(new[part][k], v.mean(0))
+    assert not any(k.startswith("head.") for k in out.upload["p"])
 
 
 # ---------------------------------------------------------------- FedRoD
@@ -134,7 +135,7 @@ def test_fedrod_personal_term_trains_only_the_personal_head_and_prediction_sums_
     alg, ctx = exp.algorithm, exp.ctx
     params, buffers = split_state(exp.runner.server)
     personal = split_state(exp.runner.store.take(torch.tensor([1]), "cpu"))[0]
-    tree = {**params, **{"personal." + k: v[0] for k, v in personal.items()}}
+    tree = {**params, "personal": {k: v[0] for k, v in personal.items()}}
     x, y, w = ctx.data.train.x[:6], ctx.data.train.y[:6], torch.ones(6)
     counts = torch.tensor([2.0, 5.0, 1.0])
     g = grad(alg.loss)(tree, buffers, {"counts": counts}, x, y, w)
@@ -224,16 +225,16 @@ def test_fedpac_round_by_hand():
     torch.testing.assert_close(new["centroids"], want)
     alpha = torch.tensor(np.array(info.log["alpha"]), dtype=torch.float32)
     assert torch.allclose(alpha.sum(1), torch.ones(3))
-    combined = torch.einsum("ij,jkl->ikl", alpha, out.upload["heads/head.weight"])
-    torch.testing.assert_close(new["heads/head.weight"][ids], combined)
+    combined = torch.einsum("ij,jkl->ikl", alpha, out.upload["heads"]["head.weight"])
+    torch.testing.assert_close(new["heads"]["head.weight"][ids], combined)
     untouched = [i for i in range(ctx.data.num_clients) if i not in ids.tolist()]
     torch.testing.assert_close(
-        new["heads/head.weight"][untouched], server["heads/head.weight"][untouched]
+        new["heads"]["head.weight"][untouched], server["heads"]["head.weight"][untouched]
     )
     # extractor: n_i-weighted mean of the uploads
-    k = "p/extractor.fc1.weight"
+    k = "extractor.fc1.weight"
     w = out.num_examples / out.num_examples.sum()
-    torch.testing.assert_close(new[k], (out.upload[k] * w.view(-1, 1, 1)).sum(0))
+    torch.testing.assert_close(new["p"][k], (out.upload["p"][k] * w.view(-1, 1, 1)).sum(0))
 
 
 # ---------------------------------------------------------------- DRFA
@@ -261,6 +262,29 @@ def test_drfa_gamma_zero_keeps_sample_weights():
     _, res2 = experiment("drfa")
     assert res2.server["lambda"].sum().item() == pytest.approx(1.0)
     assert not torch.allclose(res2.server["lambda"], sizes / sizes.sum())
+
+
+def test_drfa_checkpoint_names_are_the_flat_names_of_before():
+    """DRFA's state is nested (``{"p", "b", "snap": {"p", "b"}, …}``); a checkpoint stores
+    it flattened under exactly the names the flat state of older versions had (written out
+    here), so their checkpoints load, and the names load back into the nested state."""
+    data = toy_data(dim=16)
+    bn = dict(model="dfl-cnn", model_options={"channels": [2], "feature_dim": 4})
+    cfg = make_config(algorithm="drfa", scenario=data.name, **{**SETTINGS, "rounds": 1, **bn})
+    exp = build_experiment(cfg, data=data)
+    saved = exp.runner.state_dict(exp.runner.run(), 1)
+    params, buffers = exp.ctx.initial_params, exp.ctx.initial_buffers
+    model = [f"p/{k}" for k in params] + [f"b/{k}" for k in buffers]
+    assert buffers and list(saved["server"]) == [
+        *model,
+        *(f"snap/{k}" for k in model),
+        "lambda",
+        "has_snap",
+    ]
+    exp.runner.load_state_dict(saved)
+    server = exp.runner.server
+    assert list(server) == ["p", "b", "snap", "lambda", "has_snap"]
+    assert list(server["snap"]) == ["p", "b"] and list(server["snap"]["b"]) == list(buffers)
 
 
 # ---------------------------------------------------------------- FedSR

@@ -12,7 +12,7 @@ from toy import toy_data
 
 from fedshift.algorithms.base import RoundInfo
 from fedshift.api import make_config
-from fedshift.engine.tree import stack
+from fedshift.engine.tree import flatten, stack, unflatten
 from fedshift.experiment import build_experiment
 
 
@@ -43,17 +43,17 @@ def test_fedsdr_every_personal_model_trains_when_only_some_clients_are_sampled(a
         options.pop("inner_steps")
     half = experiment(algorithm, options, rounds=1, participation=0.5)
     calls = record_training(half)
-    init = {k: v.clone() for k, v in half.runner.store._ensure().items()}
+    init = {k: v.clone() for k, v in flatten(half.runner.store._ensure()).items()}
     half.runner.run()
     sampled = {c for p, ids, _ in calls if p.startswith("fedsdr/psi") for c in ids}
     assert len(sampled) == 2  # two of four clients upload ...
-    state = half.runner.store.state
+    state = flatten(half.runner.store.state)
     for c in range(len(SIZES)):  # ... yet every client's personal model moved
         assert any(not torch.equal(state[k][c], init[k][c]) for k in state), c
     # and a client outside S^t trains exactly as it would have inside it (same Ψ^t, same data)
     full = experiment(algorithm, options, rounds=1, participation=1.0)
     full.runner.run()
-    for k, v in full.runner.store.state.items():
+    for k, v in flatten(full.runner.store.state).items():
         torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-6)
 
 
@@ -92,37 +92,40 @@ def test_fedsr_reference_distributions_and_scale_stay_per_client():
     exp = experiment("fedsr", rounds=2, participation=0.5, data=toy_data(sizes=SIZES))
     exp.runner.run()
     server, state = exp.runner.server, exp.runner.store.state
-    assert not any("ref_" in k or "scale" in k for k in server)
-    refs = ("p/fedsr.ref_mu", "p/fedsr.ref_sigma", "p/fedsr.scale")
-    assert set(state) == set(refs)
+    assert not any("ref_" in k or "scale" in k for k in server["p"])
+    assert set(state) == {"p"}  # client state: {"p": {r_μ, r_σ, C}}
+    state = state["p"]
+    assert set(state) == {"fedsr.ref_mu", "fedsr.ref_sigma", "fedsr.scale"}
     k, d = exp.ctx.data.num_classes, exp.ctx.model.feature_dim
-    assert state["p/fedsr.ref_mu"].shape == (len(SIZES), k, d)
-    moved = [not torch.equal(state["p/fedsr.ref_mu"][c], torch.zeros(k, d)) for c in range(4)]
+    assert state["fedsr.ref_mu"].shape == (len(SIZES), k, d)
+    moved = [not torch.equal(state["fedsr.ref_mu"][c], torch.zeros(k, d)) for c in range(4)]
     assert 0 < sum(moved) <= 4  # clients that trained moved theirs ...
     trained = [c for c in range(4) if moved[c]]
     if len(trained) > 1:  # ... each to its own values
         a, b = trained[:2]
-        assert not torch.equal(state["p/fedsr.ref_mu"][a], state["p/fedsr.ref_mu"][b])
+        assert not torch.equal(state["fedsr.ref_mu"][a], state["fedsr.ref_mu"][b])
     for c in range(4):
         if not moved[c]:  # never sampled: still the authors' initialisation
-            torch.testing.assert_close(state["p/fedsr.scale"][c], torch.ones(()))
+            torch.testing.assert_close(state["fedsr.scale"][c], torch.ones(()))
 
 
 # ---- uniform averaging (the boxes' 1/|S^t| Σ) ----------------------------------------------
 
 
 def uniform_check(exp, keys, aggregate):
-    server = exp.runner.server
+    """``keys``: flattened names (``"sd/p/fc1.weight"``) of the entries averaged uniformly."""
+    server = flatten(exp.runner.server)
     weights = torch.tensor([1.0, 9.0])  # very unequal n_u must not matter
-    uploads = {k: torch.stack([server[k] + 1.0, server[k] + 3.0]) for k in keys}
-    out = aggregate(server, uploads, RoundInfo(torch.tensor([0, 1]), weights, 0))
+    uploads = unflatten({k: torch.stack([server[k] + 1.0, server[k] + 3.0]) for k in keys})
+    info = RoundInfo(torch.tensor([0, 1]), weights, 0)
+    out = flatten(aggregate(exp.runner.server, uploads, info))
     for k in keys:
         torch.testing.assert_close(out[k], server[k] + 2.0)
 
 
 def test_fedpin_averages_the_global_models_uniformly():
     exp = experiment("fedpin")
-    server = exp.runner.server
+    server = flatten(exp.runner.server)
     shared = [k for k in server if not k.startswith("aux.client")]
     keys = [k for k in shared if server[k].is_floating_point()]
 
@@ -135,20 +138,26 @@ def test_fedpin_averages_the_global_models_uniformly():
 
 def test_fedsdr_pfedme_averages_the_global_model_uniformly():
     exp = experiment("fedsdr-pfedme", {"inner_steps": 1})
-    server = exp.runner.server
+    server = flatten(exp.runner.server)
     keys = [k for k in server if k.startswith(("p/", "sd/p/"))]
     rest = {k: v for k, v in server.items() if k.startswith(("env.", "sd/b/", "b/"))}
 
     def aggregate(server, uploads, info):
-        return exp.runner.alg.aggregate(server, {**uploads, **stack(rest, 2)}, info)
+        uploads = unflatten({**flatten(uploads), **stack(rest, 2)})
+        return exp.runner.alg.aggregate(server, uploads, info)
 
     uniform_check(exp, keys, aggregate)
 
 
 def test_fedsr_averages_uniformly():
     exp = experiment("fedsr", data=toy_data(sizes=SIZES))
-    keys = [k for k in exp.runner.server if k.startswith("p/")]
-    uniform_check(exp, keys, exp.runner.alg.aggregate)
+    params = exp.runner.server["p"]  # Φ, A and ω
+    uploads = {"p": {k: torch.stack([v + 1.0, v + 3.0]) for k, v in params.items()}}
+    weights = torch.tensor([1.0, 9.0])  # very unequal n_u must not matter
+    info = RoundInfo(torch.tensor([0, 1]), weights, 0)
+    out = exp.runner.alg.aggregate(exp.runner.server, uploads, info)
+    for k, v in params.items():
+        torch.testing.assert_close(out["p"][k], v + 2.0)
 
 
 # ---- PerInvFL: L_INV on the client's training set (Alg. 1 lines 8-9) -----------------------
@@ -160,8 +169,8 @@ def test_perinvfl_penalty_sees_the_whole_client_training_set():
     b = run("perinvfl", options, batch_size=64)
     for k, v in a.result.server.items():  # the run's batch size does not enter
         torch.testing.assert_close(b.result.server[k], v)
-    c = run("perinvfl", {**options, "batch": "minibatch"}, batch_size=4)
-    assert any(not torch.equal(c.result.server[k], v) for k, v in a.result.server.items())
+    c = flatten(run("perinvfl", {**options, "batch": "minibatch"}, batch_size=4).result.server)
+    assert any(not torch.equal(c[k], v) for k, v in flatten(a.result.server).items())
     exp = experiment("perinvfl", options, rounds=1)
     calls = record_training(exp)
     exp.runner.run()

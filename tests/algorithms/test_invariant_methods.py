@@ -15,6 +15,7 @@ from fedshift.algorithms.perinvfl import PerInvFL, PerInvFLHyper, adam_step
 from fedshift.algorithms.pfedme import PFedMe, PFedMeHyper
 from fedshift.api import make_config
 from fedshift.data.federated import FederatedData, Split
+from fedshift.engine.contract import flatten, leaves
 from fedshift.engine.sgd import SGDConfig, sgd_step
 from fedshift.errors import FedshiftError
 from fedshift.experiment import build_experiment
@@ -65,7 +66,7 @@ def test_fedpin_k_counts_local_steps_unless_epochs_are_asked_for():
             make_config(algorithm="fedpin", algorithm_options=options, **SETTINGS), env_toy()
         )
         exp.runner.run()
-        return {k: v.clone() for k, v in exp.runner.store.state.items() if k[:3] == "pm/"}
+        return {k: v.clone() for k, v in flatten(exp.runner.store.state["pm"]).items()}
 
     one, four = personal({"personal_steps": 1}), personal({"personal_steps": 4})
     assert any(not torch.equal(one[k], four[k]) for k in one)
@@ -110,9 +111,8 @@ def test_fedpin_gm_l2_ties_the_personal_model_to_the_anchor():
         )
         exp.runner.run()
         server, state = exp.runner.server, exp.runner.store.state
-        return sum(
-            float(((state[f"pm/{k}"] - server[k]) ** 2).sum()) for k in server if k[:2] == "p/"
-        )
+        theta, theta_g = state["pm"]["p"], server["p"]
+        return sum(float(((theta[k] - theta_g[k]) ** 2).sum()) for k in theta_g)
 
     # μ > 0 pulls it towards θ_g: the larger μ, the closer
     far = distance({"variant": "gm-l2", "l2_weight": 0.0})
@@ -132,8 +132,8 @@ def test_fedsdr_gamma_zero_personal_models_ignore_discovery():
     a = run("fedsdr", {"gamma": 0.0, "lambda_": 0.0, "personal_epochs": 1})
     b = run("fedsdr", {"gamma": 0.0, "lambda_": 0.5, "personal_epochs": 1})
     same_clients(a, b)
-    sd = [k for k in a.result.server if k.startswith("sd/p/")]
-    assert any(not torch.equal(a.result.server[k], b.result.server[k]) for k in sd)
+    sd_a, sd_b = a.result.server["sd"]["p"], b.result.server["sd"]["p"]
+    assert any(not torch.equal(sd_a[k], sd_b[k]) for k in sd_a)
 
 
 @pytest.mark.parametrize("algorithm", ["fedsdr", "fedsdr-fedavg", "fedsdr-pfedme"])
@@ -212,13 +212,13 @@ def test_fedsdr_signature_view_keeps_its_tables_on_the_server():
     exp.runner.run(None)
     alg, server = exp.runner.alg, exp.runner.server
     # every client reported its (environment, class) groups: each holds one environment
-    counts = server["sig/count"]
+    counts = server["sig"]["count"]
     held = counts.sum(2) > 0  # [N, E]
     assert held.tolist() == [[u % 2 == e for e in range(2)] for u in range(len(SIZES))]
     assert counts.sum((1, 2)).tolist() == [float(n) for n in env_toy().train.sizes()]
     payload = alg.configure(server, None)
-    assert not any(k in payload.broadcast for k in ("sig/sum", "sig/count", "sig/within"))
-    found = int((server["sig/proj"].abs().sum(0) > 0).sum())
+    assert list(payload.broadcast["sig"]) == ["proj"]  # sum, count, within stay
+    found = int((server["sig"]["proj"].abs().sum(0) > 0).sum())
     x = env_toy().train.x[:5]
     assert alg.shortcut(alg.psi_extras(server), x).shape == (5, found)
 
@@ -233,9 +233,7 @@ def test_perinvfl_beta_zero_personal_models_are_local_and_alpha_zero_freezes_nu(
     b = run("perinvfl", {"beta": 0.0, "alpha": 1.0, "personal_steps": 2})
     same_clients(a, b)
     init = run("perinvfl", {"personal_steps": 2}, rounds=0).result.server
-    for k, v in init.items():
-        if k.startswith("p/"):
-            torch.testing.assert_close(a.result.server[k], v)
+    torch.testing.assert_close(a.result.server["p"], init["p"])
 
 
 def test_perinvfl_adam_step_is_torch_adam():
@@ -270,13 +268,13 @@ def test_perinvfl_adam_engine_step_matches_algorithm_by_hand():
     nu = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in ctx.initial_params.items()}
     theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in nu.items()}
     state = alg.init_client_state({})
-    adam = {k: v for k, v in state.items() if k.startswith(("am/", "av/", "ak/"))}
-    assert adam and all(float(v.abs().sum()) == 0 for v in adam.values())
+    adam = {k: v for k, v in state.items() if k in ("am", "av", "ak")}
+    assert len(adam) == 3 and all(float(v.abs().sum()) == 0 for v in leaves(adam))
     x, y, ones = ctx.data.train.x[:6], ctx.data.train.y[:6], torch.ones(6)
-    params = {**nu, **{f"pm/{k}": v for k, v in theta.items()}, **adam}
+    params = {**nu, "pm": theta, **adam}
     extras = {"weight": weight}
     grads = torch.func.grad(lambda p: alg.loss(p, {}, extras, x, y, ones))(params)
-    new, _ = sgd_step(params, grads, {}, SGDConfig(1.0))
+    new, _ = sgd_step(flatten(params), flatten(grads), {}, SGDConfig(1.0))
 
     def irm(t):
         logits = ctx.forward(t, {}, x)
@@ -313,9 +311,10 @@ def test_perinvfl_adam_state_persists_per_client():
     exp = build_experiment(cfg, data=env_toy())
     exp.runner.run()
     state = exp.runner.store.state
-    torch.testing.assert_close(state["ak/nu"], torch.full_like(state["ak/nu"], 6.0))
-    torch.testing.assert_close(state["ak/pm"], torch.full_like(state["ak/pm"], 12.0))
-    assert all(float(state[k].abs().sum()) > 0 for k in state if k.startswith(("am/", "av/")))
+    steps = state["ak"]
+    torch.testing.assert_close(steps["nu"], torch.full_like(steps["nu"], 6.0))
+    torch.testing.assert_close(steps["pm"], torch.full_like(steps["pm"], 12.0))
+    assert all(float(v.abs().sum()) > 0 for v in leaves({k: state[k] for k in ("am", "av")}))
 
 
 def test_pfedme_zero_inner_steps_keeps_the_global_model():
@@ -344,9 +343,9 @@ def test_pfedme_step_matches_algorithm_by_hand(monkeypatch, written):
     theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in w.items()}
     x, y = ctx.data.train.x[:6], ctx.data.train.y[:6]
     ones = torch.ones(6)
-    params = {**w, **{f"pm/{k}": v for k, v in theta.items()}}
+    params = {**w, "pm": theta}
     grads = torch.func.grad(lambda p: alg.loss(p, {}, {}, x, y, ones))(params)
-    new, _ = sgd_step(params, grads, {}, SGDConfig(0.05))
+    new, _ = sgd_step(flatten(params), flatten(grads), {}, SGDConfig(0.05))
     # by hand
     t = {k: v.clone().requires_grad_(True) for k, v in theta.items()}
     for _ in range(3):

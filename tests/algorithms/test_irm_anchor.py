@@ -16,7 +16,7 @@ from fedshift.algorithms.common.adaptive import (
     server_update,
 )
 from fedshift.data.registry import build_scenario
-from fedshift.engine.tree import strip_prefix
+from fedshift.engine.contract import flatten
 from fedshift.errors import FedshiftError
 from fedshift.models.registry import build_model
 
@@ -91,43 +91,44 @@ def test_arjovsky_needs_a_client_multiple_of_environments():
 
 def test_fedadam_step_matches_hand_computation():
     hp = ServerOptHyper(server_opt="adam", server_lr=0.1, server_beta1=0.5, server_beta2=0.75)
-    server = {"p/w": torch.tensor([1.0, -2.0]), "b/n": torch.tensor([3.0])}
+    server = {"p": {"w": torch.tensor([1.0, -2.0])}, "b": {"n": torch.tensor([3.0])}}
     server = {**server, **server_opt_state(hp, server)}
-    average = {"p/w": torch.tensor([0.5, -2.5]), "b/n": torch.tensor([5.0])}
+    average = {"p": {"w": torch.tensor([0.5, -2.5])}, "b": {"n": torch.tensor([5.0])}}
     out = server_update(hp, server, average)
     # g = x − avg = [0.5, 0.5]; m = 0.5·g = 0.25; v = 0.25·g² = 0.0625; √v = 0.25
     # x − 0.1·0.25/(0.25 + 1e-3) (Reddi et al. Alg. 2: no bias correction)
     step = 0.1 * 0.25 / (0.25 + 1e-3)
-    torch.testing.assert_close(out["p/w"], torch.tensor([1.0 - step, -2.0 - step]))
-    torch.testing.assert_close(out["b/n"], torch.tensor([5.0]))  # buffers are averaged
-    torch.testing.assert_close(out["opt/m/p/w"], torch.tensor([0.25, 0.25]))
-    torch.testing.assert_close(out["opt/v/p/w"], torch.tensor([0.0625, 0.0625]))
+    torch.testing.assert_close(out["p"]["w"], torch.tensor([1.0 - step, -2.0 - step]))
+    torch.testing.assert_close(out["b"]["n"], torch.tensor([5.0]))  # buffers are averaged
+    torch.testing.assert_close(out["opt"]["m"]["p"]["w"], torch.tensor([0.25, 0.25]))
+    torch.testing.assert_close(out["opt"]["v"]["p"]["w"], torch.tensor([0.0625, 0.0625]))
+    assert list(flatten(out)) == ["p/w", "b/n", "opt/m/p/w", "opt/v/p/w", "opt/k"]
     # with bias correction the first step is lr·sign(g)·|g|/(|g| + τ) — torch's Adam
     hp = ServerOptHyper(server_lr=0.1, **ADAM)
     out = server_update(hp, {**server, **server_opt_state(hp, server)}, average)
-    torch.testing.assert_close(out["p/w"], torch.tensor([0.9, -2.1]))
+    torch.testing.assert_close(out["p"]["w"], torch.tensor([0.9, -2.1]))
 
 
 def test_fedyogi_and_fedadagrad_second_moments():
-    server = {"p/w": torch.tensor([0.0])}
-    average = {"p/w": torch.tensor([-2.0])}  # g = 2, g² = 4
+    server = {"p": {"w": torch.tensor([0.0])}}
+    average = {"p": {"w": torch.tensor([-2.0])}}  # g = 2, g² = 4
     for rule, v in (("yogi", 4.0 * 0.01), ("adagrad", 4.0)):
         hp = ServerOptHyper(server_opt=rule, server_lr=1.0, server_beta2=0.99, server_tau=0.5)
         state = {**server, **server_opt_state(hp, server)}
-        state["opt/v/p/w"] = torch.tensor([0.0])
+        state["opt"]["v"]["p"]["w"] = torch.tensor([0.0])
         out = server_update(hp, state, average)
         # yogi: v = 0 − 0.01·4·sign(0 − 4) = 0.04; adagrad: v = 0 + 4; m = 0.1·2 = 0.2
-        torch.testing.assert_close(out["opt/v/p/w"], torch.tensor([v]))
-        torch.testing.assert_close(out["p/w"], torch.tensor([-0.2 / (v**0.5 + 0.5)]))
+        torch.testing.assert_close(out["opt"]["v"]["p"]["w"], torch.tensor([v]))
+        torch.testing.assert_close(out["p"]["w"], torch.tensor([-0.2 / (v**0.5 + 0.5)]))
 
 
 def test_server_sgd_default_is_the_plain_average():
     hp = ServerOptHyper()
-    avg = {"p/w": torch.tensor([0.3])}
-    assert server_update(hp, {"p/w": torch.tensor([1.0])}, avg) is avg
+    avg = {"p": {"w": torch.tensor([0.3])}}
+    assert server_update(hp, {"p": {"w": torch.tensor([1.0])}}, avg) is avg
     hp = ServerOptHyper(server_lr=0.5)
-    out = server_update(hp, {"p/w": torch.tensor([1.0])}, avg)
-    torch.testing.assert_close(out["p/w"], torch.tensor([0.65]))
+    out = server_update(hp, {"p": {"w": torch.tensor([1.0])}}, avg)
+    torch.testing.assert_close(out["p"]["w"], torch.tensor([0.65]))
 
 
 def test_adam_step_is_torch_adam():
@@ -153,7 +154,7 @@ def two_equal_clients():
 def centralised_adam(server0, hidden, lr, rounds, l2, data):
     """Full-batch torch.optim.Adam on the pooled mean loss, from the run's initial model."""
     model = build_model("mlp", (6,), 2, {"hidden": hidden})
-    model.load_state_dict(strip_prefix(server0, "p/"))
+    model.load_state_dict(server0["p"])
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(rounds):
         loss = F.cross_entropy(model(data.train.x), data.train.y)
@@ -161,7 +162,7 @@ def centralised_adam(server0, hidden, lr, rounds, l2, data):
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {f"p/{k}": v.detach() for k, v in model.state_dict().items()}
+    return {k: v.detach() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.parametrize("l2", [0.0, 0.01])
@@ -175,8 +176,8 @@ def test_one_full_batch_step_plus_fedadam_is_centralised_adam(l2):
     ).result.server
     ref = centralised_adam(start, [8], 0.01, 5, l2, data)
     for k, v in ref.items():
-        torch.testing.assert_close(out[k], v, rtol=1e-4, atol=1e-6)
-    assert (out["p/head.weight"] - start["p/head.weight"]).abs().max() > 0.02  # it moved
+        torch.testing.assert_close(out["p"][k], v, rtol=1e-4, atol=1e-6)
+    assert (out["p"]["head.weight"] - start["p"]["head.weight"]).abs().max() > 0.02  # it moved
     # IRM† with λ = 0 and its own L2 term is the same training
     irm = fs.run(
         algorithm="irm",
@@ -185,7 +186,7 @@ def test_one_full_batch_step_plus_fedadam_is_centralised_adam(l2):
         **kw,
     ).result.server
     for k, v in ref.items():
-        torch.testing.assert_close(irm[k], v, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(irm["p"][k], v, rtol=1e-4, atol=1e-6)
 
 
 # --- IRM†'s rescaling ----------------------------------------------------------------------
@@ -206,7 +207,8 @@ def irm_run(rounds, **options):
 
 
 def change(a, b):
-    return sum(((a[k] - b[k]) ** 2).sum() for k in a if k.startswith("p/")).sqrt().item()
+    a, b = a["p"], b["p"]
+    return sum(((a[k] - b[k]) ** 2).sum() for k in a).sqrt().item()
 
 
 def test_irm_under_sgd_keeps_moving_after_annealing():

@@ -13,6 +13,7 @@ from fedshift.algorithms.cfl import bipartition, should_split
 from fedshift.algorithms.perfedavg import hvp
 from fedshift.api import make_config
 from fedshift.data.federated import FederatedData, Split
+from fedshift.engine.contract import flatten
 from fedshift.experiment import build_experiment
 from fedshift.models.layers import batchnorm_keys
 
@@ -64,11 +65,11 @@ def test_scaffold_control_variates_match_hand_computation():
         c = [c[j] + (dc[0][j] + dc[1][j]) / 2 for j in range(2)]
     server = out.result.server
     for j, k in enumerate(("head.weight", "head.bias")):
-        torch.testing.assert_close(server[f"p/{k}"].double(), x[j], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(server[f"c/{k}"].double(), c[j], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(server["p"][k].double(), x[j], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(server["c"][k].double(), c[j], atol=1e-5, rtol=1e-5)
         # with full participation c stays the mean of the clients' control variates
         torch.testing.assert_close(c[j], (c_i[0][j] + c_i[1][j]) / 2)
-    assert server["c/head.bias"].abs().sum() > 0
+    assert server["c"]["head.bias"].abs().sum() > 0
 
 
 def test_ifca_picks_the_cluster_with_lowest_loss():
@@ -79,8 +80,8 @@ def test_ifca_picks_the_cluster_with_lowest_loss():
     exp = build_experiment(make_config(algorithm="ifca", model="mlr", rounds=1), data=data)
     alg = exp.algorithm
     server = alg.init()
-    server["p/head.weight"] = torch.zeros(4, 2, 2)
-    server["p/head.bias"] = torch.tensor([[0.0, 3.0], [3.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
+    server["p"]["head.weight"] = torch.zeros(4, 2, 2)
+    server["p"]["head.bias"] = torch.tensor([[0.0, 3.0], [3.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
     chosen = alg.choose(server, exp.ctx.cohort(torch.arange(4), 0))
     # class-0 clients: model 1 (bias 3 on class 0); class-1 clients: model 0
     assert chosen.tolist() == [1, 0, 1, 0]
@@ -88,8 +89,9 @@ def test_ifca_picks_the_cluster_with_lowest_loss():
 
 def test_ifca_one_cluster_is_fedavg_and_logs_assignments():
     a, b = run("ifca", algorithm_options={"num_clusters": 1}), run("fedavg")
-    for k, v in b.result.server.items():
-        torch.testing.assert_close(a.result.server[k][0], v)
+    clusters = flatten(a.result.server)
+    for k, v in flatten(b.result.server).items():
+        torch.testing.assert_close(clusters[k][0], v)
     assert a.result.rounds[0].extras["cluster"] == [0] * len(SIZES)
 
 
@@ -115,13 +117,13 @@ def test_cfl_aggregate_splits_opposed_clients_and_updates_each_cluster():
     )
     alg, server = exp.algorithm, exp.algorithm.init()
     sign = torch.tensor([1.0, 1, 1, -1, -1, -1]).view(6, 1, 1)
-    d = {"d/head.weight": sign * torch.tensor([[2.0, 0.0], [0.0, 0.0]]).expand(6, 2, 2)}
-    d["d/head.bias"] = torch.zeros(6, 2)
+    d = {"d": {"head.weight": sign * torch.tensor([[2.0, 0.0], [0.0, 0.0]]).expand(6, 2, 2)}}
+    d["d"]["head.bias"] = torch.zeros(6, 2)
     info = RoundInfo(torch.arange(6), torch.full((6,), 10.0), 0)
     new = alg.aggregate(server, d, info)
     assert new["cluster"].tolist() in ([0, 0, 0, 1, 1, 1], [1, 1, 1, 0, 0, 0])
-    w0 = server["m/p/head.weight"][0]
-    got = new["m/p/head.weight"][new["cluster"][0]] - w0
+    w0 = server["m"]["p"]["head.weight"][0]
+    got = new["m"]["p"]["head.weight"][new["cluster"][0]] - w0
     torch.testing.assert_close(got, torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
     assert info.log["clusters"] == 2
 
@@ -174,10 +176,10 @@ def test_fedbn_keeps_batchnorm_local():
     exp = build_experiment(make_config(algorithm="fedbn", **{**SETTINGS, **BN_MODEL}), data=data)
     result = exp.runner.run()
     bn = batchnorm_keys(exp.ctx.model)
-    assert bn and not any(k[2:] in bn for k in result.server)
-    local = exp.runner.store.state
-    assert {k[2:] for k in local} == bn
-    mean = local["b/extractor.bn1.running_mean"]
+    assert bn and not any(k in bn for part in result.server.values() for k in part)
+    local = exp.runner.store.state  # {"p": BN γ, β, "b": BN statistics}
+    assert {k for part in local.values() for k in part} == bn
+    mean = local["b"]["extractor.bn1.running_mean"]
     assert not torch.allclose(mean[0], mean[1])  # each client its own statistics
 
 
@@ -187,11 +189,11 @@ def test_fedbn_statistics_only_averages_gamma_beta_and_keeps_statistics_local():
     exp = build_experiment(make_config(algorithm="fedbn", **opts), data=data)
     result = exp.runner.run()
     stats = {k for k in batchnorm_keys(exp.ctx.model) if k in exp.ctx.initial_buffers}
-    assert "p/extractor.bn1.weight" in result.server  # γ is averaged with the weights
-    assert not any(k[2:] in stats for k in result.server)
+    assert "extractor.bn1.weight" in result.server["p"]  # γ is averaged with the weights
+    assert not any(k in stats for part in result.server.values() for k in part)
     local = exp.runner.store.state
-    assert {k[2:] for k in local} == stats
-    mean = local["b/extractor.bn1.running_mean"]
+    assert {k for part in local.values() for k in part} == stats
+    mean = local["b"]["extractor.bn1.running_mean"]
     assert not torch.allclose(mean[0], mean[1])
 
 
@@ -274,5 +276,6 @@ def test_resume_after_a_crash_is_bit_identical(tmp_path, monkeypatch, algorithm,
     (rec,) = RunStore(tmp_path / "runs.db").runs()
     resumed = resume(rec["run_id"], tmp_path / "runs.db", data=toy_data(SIZES))
     assert resumed.metrics == reference.metrics
-    for k, v in reference.result.server.items():
-        assert torch.equal(resumed.result.server[k], v)
+    got = flatten(resumed.result.server)
+    for k, v in flatten(reference.result.server).items():
+        assert torch.equal(got[k], v)

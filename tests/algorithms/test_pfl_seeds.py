@@ -100,16 +100,16 @@ def test_ucfl_silhouette_picks_two_clear_groups():
 def test_cgpfl_server_step_by_hand():
     exp = experiment("cgpfl", K=2, alpha=0.5)
     alg, server = exp.algorithm, exp.runner.server
-    w0 = {k[6:]: v[0] for k, v in server.items() if k.startswith("ctx/p/")}
+    w0 = {k: v[0] for k, v in server["ctx"]["p"].items()}
     shift = torch.tensor([1.0, 1, 1, 1, -1, -1, -1])
-    uploads = {f"p/{k}": v + shift.view(-1, *([1] * v.dim())) for k, v in w0.items()}
+    uploads = {"p": {k: v + shift.view(-1, *([1] * v.dim())) for k, v in w0.items()}}
     info = RoundInfo(torch.arange(7), torch.ones(7), 0)
     new = alg.aggregate(server, uploads, info)
     a, b = int(new["assign"][0]), int(new["assign"][4])
     assert a != b and (new["assign"][:4] == a).all() and (new["assign"][4:] == b).all()
     for k, v in w0.items():  # Ω_k ← Ω_k − α(Ω_k − mean of its uploads): w0 ± 0.5
-        torch.testing.assert_close(new[f"ctx/p/{k}"][a], v + 0.5)
-        torch.testing.assert_close(new[f"ctx/p/{k}"][b], v - 0.5)
+        torch.testing.assert_close(new["ctx"]["p"][k][a], v + 0.5)
+        torch.testing.assert_close(new["ctx"]["p"][k][b], v - 0.5)
     assert info.log["contexts"] == 2
 
 
@@ -198,14 +198,15 @@ def test_cgpfl_k1_is_pfedme_local_solver(omega_step):
     server = out.result.server
     for k in w0:
         ref = torch.stack([o[k] for o in omegas]).mean(0)
-        torch.testing.assert_close(server[f"ctx/p/{k}"][0], ref, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(server["ctx"]["p"][k][0], ref, rtol=1e-4, atol=1e-5)
 
 
 def test_fedipg_lambda_zero_is_fedavg():
     a = run("fedipg", algorithm_options={"lambda_": 0.0})
     b = fs.run(algorithm="fedavg", data=toy_data(), local_steps=4, **SETTINGS)
-    for k, v in b.result.server.items():
-        torch.testing.assert_close(a.result.server[k], v)
+    for part, tree in b.result.server.items():  # {"p": …, "b": …}
+        for k, v in tree.items():
+            torch.testing.assert_close(a.result.server[part][k], v)
     assert len(a.result.rounds[0].extras["contribution"]) == 7
 
 
@@ -225,15 +226,12 @@ def test_fedipg_exit_strategy_ignores_exited_uploads():
     exit_ = {"lambda_": 0.01, "exit_clients": [1, 3]}
     a = fs.run(data=toy_data(), algorithm_options=exit_, **opts)
     b = fs.run(data=corrupt(toy_data()), algorithm_options=exit_, **opts)
-    for k, v in a.result.server.items():
-        if k.startswith("p/"):
-            torch.testing.assert_close(b.result.server[k], v)
+    for k, v in a.result.server["p"].items():
+        torch.testing.assert_close(b.result.server["p"][k], v)
     assert a.result.rounds[-1].extras["exited"] == [1, 3]
     kept = fs.run(data=corrupt(toy_data()), algorithm_options={"lambda_": 0.01}, **opts)
     assert any(
-        not torch.allclose(kept.result.server[k], v)
-        for k, v in a.result.server.items()
-        if k.startswith("p/")
+        not torch.allclose(kept.result.server["p"][k], v) for k, v in a.result.server["p"].items()
     )  # the corruption matters when 1 and 3 aggregate
 
 
@@ -246,8 +244,10 @@ def test_ucfl_homogeneous_users_is_fedavg(monkeypatch):
     )
     a = run("ucfl", algorithm_options={"streams": 1})
     b = fs.run(algorithm="fedavg", data=toy_data(), **SETTINGS)
-    for k, v in b.result.server.items():
-        torch.testing.assert_close(a.result.server[f"s/{k}"][0], v, rtol=1e-5, atol=1e-6)
+    for part, tree in b.result.server.items():  # the one stream {"p": …, "b": …} [1, …]
+        for k, v in tree.items():
+            got = a.result.server["s"][part][k][0]
+            torch.testing.assert_close(got, v, rtol=1e-5, atol=1e-6)
     ex = a.result.rounds[0].extras
     assert ex["streams"] == 1 and ex["sim_time"] == pytest.approx(
         1 + 4 + 1 + sum(1 / k for k in range(1, 8))
@@ -274,7 +274,7 @@ def test_dfl_only_the_specific_branch_minimises_i_s():
     server = alg.init()
     glob_p, glob_b = split_state(server)
     local_p, local_b = split_state(alg.init_client_state(server))
-    extras = {f"global/{k}": v for k, v in server.items()}
+    extras = {"global": server}
     x, y = exp.data.train.x[:16], exp.data.train.y[:16]
     w = torch.ones(16)
 
@@ -331,12 +331,12 @@ def test_dfl_invariant_bn_statistics(mode):
     state = exp.runner.store.take(ids, "cpu")
     pred = exp.algorithm.predictor(server, state, exp.ctx.cohort(ids, 0))
     key = "extractor.invariant.bn1.running_mean"
-    got, avg = pred.buffers[key], server[f"b/{key}"]
+    got, avg = pred.buffers[key], server["b"][key]
     if mode == "local":
-        torch.testing.assert_close(got, state[f"b/{key}"])
+        torch.testing.assert_close(got, state["b"][key])
         assert not torch.allclose(got[0], got[2]) and not torch.allclose(got[0], avg)
     else:
-        assert f"b/{key}" not in state
+        assert key not in state.get("b", {})
         for row in got:
             torch.testing.assert_close(row, avg)
 
@@ -376,8 +376,8 @@ def test_fedipg_contribution_by_hand():
     from fedshift.algorithms.fedipg import FedIPG
 
     g = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0], [-1.0, 0.0]])
-    server = {"p/w": torch.zeros(2)}
-    models = {"p/w": -g}
+    server = {"p": {"w": torch.zeros(2)}}
+    models = {"p": {"w": -g}}
     ones = torch.ones(4)
 
     def contributions(smoothness, weights):

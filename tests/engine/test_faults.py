@@ -14,6 +14,7 @@ from fedshift.api import checkpoint_path, resume
 from fedshift.engine.checkpoint import load_checkpoint
 from fedshift.engine.faults import injected_fault
 from fedshift.engine.runner import Diverged, NonFiniteState
+from fedshift.engine.tree import flatten, tree_map
 from fedshift.errors import FedshiftError
 from fedshift.results.store import RunStore
 
@@ -59,7 +60,7 @@ def test_a_client_whose_training_turns_nan_is_excluded_and_recorded(aggregated_i
     out = run(data=data)
     assert events(out) == [(r, 3, "nonfinite") for r in range(1, 5)]
     assert all(3 not in ids and len(ids) == 6 for ids in aggregated_ids)
-    assert all(torch.isfinite(v).all() for v in out.result.server.values())
+    assert all(torch.isfinite(v).all() for v in flatten(out.result.server).values())
     assert all(v == v for v in out.metrics["per_env"].values())  # no NaN metrics
 
 
@@ -117,7 +118,7 @@ def test_exploding_norm_is_excluded_when_configured(monkeypatch):
     def blow_up_client_1(self, payload, state, cohort):
         result = original(self, payload, state, cohort)
         rows = (cohort.ids == 1).nonzero().flatten()
-        for v in result.upload.values():
+        for v in flatten(result.upload).values():
             v[rows] *= 1e4
         return result
 
@@ -133,7 +134,7 @@ def test_non_finite_global_state_stops_with_a_usable_checkpoint(tmp_path, monkey
     def nan_in_round_3(self, server, uploads, info):
         new = original(self, server, uploads, info)
         if info.round == 2:
-            new = {k: v * float("nan") for k, v in new.items()}
+            new = tree_map(lambda v: v * float("nan"), new)
         return new
 
     monkeypatch.setattr(FedAvg, "aggregate", nan_in_round_3)
@@ -171,8 +172,9 @@ def test_resume_keeps_late_uploads_in_flight(tmp_path, monkeypatch):
     (rec,) = RunStore(db).runs()
     resumed = resume(rec["run_id"], db, data=toy_data())
     assert resumed.metrics == reference.metrics
-    for k, v in reference.result.server.items():
-        assert torch.equal(resumed.result.server[k], v)
+    got = flatten(resumed.result.server)
+    for k, v in flatten(reference.result.server).items():
+        assert torch.equal(got[k], v), k
 
 
 @pytest.mark.parametrize(

@@ -71,4 +71,4 @@ def test_per_round_log_of_an_algorithm_reaches_the_store(tmp_path, monkeypatch):
         assert r["extras"]["participants"] == list(range(7))
         assert r["extras"]["mean_weight"] == pytest.approx(float(sizes.mean()))
     assert out.result.rounds[0].extras["participants"] == list(range(7))
-    assert torch.is_tensor(out.result.server["p/head.weight"])
+    assert torch.is_tensor(out.result.server["p"]["head.weight"])

@@ -16,6 +16,9 @@ With ``adaptive``, α takes the run's lr and SGD settings, like v and w in the p
 projection onto [0, 1] is applied at the end of each round, and within a round the mixture
 uses α clipped to [0, 1]. Evaluation uses v̄_i with the latest global model w. The mixed
 model runs with v_i's BatchNorm buffers.
+Client state: ``{"v": v_i's parameters, "vb": v_i's buffers, "alpha": α_i}``; server state
+FedAvg's ``{"p", "b"}``. One local step trains ``{"w": w_i, "v": v_i, "alpha": α_i}`` with
+buffers ``{"w": …, "v": …}``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, select, stack, strip_prefix, with_prefix
+from ..engine.contract import Tree, stack
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
@@ -51,13 +54,15 @@ class APFL(GlobalModelAlgorithm):
     personalized = True
 
     def init_client_state(self, server: Tree) -> Tree:
-        v = with_prefix(self.ctx.initial_params, "v/")  # v_i⁰ = w⁰
-        vb = with_prefix(self.ctx.initial_buffers, "vb/")
-        return {**v, **vb, "alpha": torch.tensor(self.hp.alpha)}
+        return {
+            "v": dict(self.ctx.initial_params),  # v_i⁰ = w⁰
+            "vb": dict(self.ctx.initial_buffers),
+            "alpha": torch.tensor(self.hp.alpha),
+        }
 
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        gw, v = strip_prefix(params, "w/"), strip_prefix(params, "v/")
-        gb, vb = strip_prefix(buffers, "w/"), strip_prefix(buffers, "v/")
+        gw, v = params["w"], params["v"]
+        gb, vb = buffers.get("w", {}), buffers.get("v", {})  # a model without buffers: none
         alpha = params["alpha"].clamp(0.0, 1.0)
         global_risk = cross_entropy(self.ctx.forward(gw, gb, x), y, w)
         mixed = mix(alpha, v, {k: t.detach() for k, t in gw.items()})
@@ -65,26 +70,21 @@ class APFL(GlobalModelAlgorithm):
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         gw, gb, _ = self.start_from_broadcast(payload, len(cohort))
-        params = {**with_prefix(gw, "w/"), **personal(state), "alpha": state["alpha"]}
-        buffers = {**with_prefix(gb, "w/"), **with_prefix(strip_prefix(state, "vb/"), "v/")}
+        params = {"w": gw, "v": state["v"], "alpha": state["alpha"]}
+        buffers = {"w": gb, "v": state.get("vb", {})}
         trainable = None if self.hp.adaptive else (lambda k: k != "alpha")
         out = self.ctx.train(self.loss, params, buffers, cohort, trainable=trainable)
         new_state = {
-            **personal(out.params),
-            **with_prefix(strip_prefix(out.buffers, "v/"), "vb/"),
+            "v": out.params["v"],
+            "vb": out.buffers.get("v", {}),
             "alpha": out.params["alpha"].clamp(0.0, 1.0),  # projection onto [0, 1]
         }
-        upload = model_state(strip_prefix(out.params, "w/"), strip_prefix(out.buffers, "w/"))
+        upload = model_state(out.params["w"], out.buffers.get("w", {}))
         return ClientResult(upload, new_state, cohort.num_examples, out.loss)
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         gw, _ = split_state(server)
-        v, w = strip_prefix(state, "v/"), stack(gw, len(cohort))
+        v, w = state["v"], stack(gw, len(cohort))
         a = {k: state["alpha"].view(-1, *([1] * (t.dim() - 1))) for k, t in v.items()}
         params = {k: a[k] * v[k] + (1 - a[k]) * w[k] for k in v}
-        return Prediction(params, strip_prefix(state, "vb/"), shared=False)
-
-
-def personal(tree: Tree) -> Tree:
-    """The personal model's entries (``v/…``), names unchanged."""
-    return select(tree, lambda k: k.startswith("v/"))
+        return Prediction(params, dict(state.get("vb", {})), shared=False)

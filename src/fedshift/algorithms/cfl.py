@@ -15,6 +15,9 @@ first 20 rounds, only clusters of more than 2 clients are split. A cluster is co
 a split only when all its clients took part in the round (the paper assumes full
 participation). Updates are compared as flat vectors of all parameters. Per-round log:
 number of clusters, each participant's cluster, and the two norms of every cluster.
+
+Server state: ``{"m": {"p": …, "b": …} (the cluster models, stacked [C, …]), "cluster": [N]}``;
+a client uploads ``{"d": Δθ_i (by parameter), "b": its buffers}``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from sklearn.cluster import AgglomerativeClustering
 
-from ..engine.contract import Tree, strip_prefix, take, weighted_mean, with_prefix
+from ..engine.contract import Tree, leaves, take, tree_map, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -66,13 +69,13 @@ class CFL(Algorithm):
     def init(self) -> Tree:
         model = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         n = self.ctx.data.num_clients
-        clusters = {f"m/{k}": v.unsqueeze(0).clone() for k, v in model.items()}  # [1, ...]
-        return {**clusters, "cluster": torch.zeros(n, dtype=torch.int64)}
+        clusters = tree_map(lambda v: v.unsqueeze(0).clone(), model)  # [1, ...]
+        return {"m": clusters, "cluster": torch.zeros(n, dtype=torch.int64)}
 
     def models_of(self, server: Tree, ids: torch.Tensor) -> Tree:
         """The cluster model of each client of ``ids`` (stacked)."""
         idx = server["cluster"][ids.to(server["cluster"].device)]
-        return take(strip_prefix(server, "m/"), idx)
+        return take(server["m"], idx)
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(per_client=self.models_of(server, cohort.ids))
@@ -81,14 +84,14 @@ class CFL(Algorithm):
         params, buffers = split_state(payload.per_client)
         out = self.ctx.train(self.loss, params, buffers, cohort)
         delta = {k: out.params[k] - params[k] for k in params}  # Δθ_i
-        upload = {**with_prefix(delta, "d/"), **with_prefix(out.buffers, "b/")}
+        upload = {"d": delta, "b": out.buffers}
         return ClientResult(upload, {}, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         hp = self.hp
         assign = server["cluster"].cpu().clone()
         mine = assign[info.ids]  # cluster of each participant
-        flat = torch.cat([v.flatten(1) for k, v in uploads.items() if k.startswith("d/")], 1)
+        flat = torch.cat([v.flatten(1) for v in uploads["d"].values()], 1)
         w = info.num_examples.to(flat.device)
         norms, groups = {}, int(assign.max()) + 1
         for c in range(groups):
@@ -109,8 +112,8 @@ class CFL(Algorithm):
                 labels = bipartition(flat[rows])
                 moved = info.ids[rows[labels.cpu() == 1]]
                 assign[moved] = int(assign.max()) + 1
-        old, models = server["cluster"].cpu(), strip_prefix(server, "m/")
-        dev = next(iter(models.values())).device
+        old, models = server["cluster"].cpu(), server["m"]
+        dev = next(leaves(models)).device
         new = range(groups, int(assign.max()) + 1)  # a new cluster starts from its parent
         parent = list(range(groups)) + [int(old[(assign == c).nonzero()[0, 0]]) for c in new]
         models = take(models, torch.tensor(parent, device=dev))
@@ -120,10 +123,10 @@ class CFL(Algorithm):
             if not len(rows):
                 continue
             mean = weighted_mean(take(uploads, rows.to(dev)), info.num_examples[rows])
-            for k in strip_prefix(mean, "d/"):
-                models[f"p/{k}"][c] += mean[f"d/{k}"]  # θ_c ← θ_c + Δθ_c
-            for k, v in strip_prefix(mean, "b/").items():
-                models[f"b/{k}"][c] = v
+            for k, v in mean["d"].items():
+                models["p"][k][c] += v  # θ_c ← θ_c + Δθ_c
+            for k, v in mean.get("b", {}).items():
+                models["b"][k][c] = v
         info.log.update(
             clusters=len(parent),
             clients=info.ids,
@@ -131,7 +134,7 @@ class CFL(Algorithm):
             mean_norm=[norms[c][0] for c in sorted(norms)],
             max_norm=[norms[c][1] for c in sorted(norms)],
         )
-        return {**with_prefix(models, "m/"), "cluster": assign}
+        return {"m": models, "cluster": assign}
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         params, buffers = split_state(self.models_of(server, cohort.ids))

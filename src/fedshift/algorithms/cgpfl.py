@@ -9,6 +9,8 @@ Per round (Alg. 1): the server sends each client the model of its context (assig
 the client runs R local iterations of S steps θ ← θ − η∇[R(θ) + (λ/2)‖θ − ω̃‖²] followed by
 ω̃ ← ω̃ − βc(ω̃ − θ) (common/moreau.py) and uploads ω̃; the server clusters the uploads with
 k-means++ into K contexts (P^{t+1}) and sets Ω ← Ω − α(Ω − Ω̃P^{t+1}), Ω̃P = per-context mean.
+Server state: ``{"ctx": Ω ({"p", "b"} stacked over contexts), "assign": P, "k": contexts
+in use, "round"}``; client state: θ_i as ``{"p", "b"}``.
 
 Defaults (§3.8): K = 4, λ = 12, S = 5, R = 10, α = 1, lr = 0.005 (the run's ``lr``, used
 as β, the lr of ω̃), N = 40, T = 200 (MNIST/FMNIST). Departures and choices where the
@@ -46,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.contract import Tree, stack
+from ..engine.contract import Tree, flatten, stack, take, tree_map
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import centroids, flatten_rows, kmeans, match_to_previous
@@ -97,9 +99,8 @@ class CGPFL(Algorithm):
     def init(self) -> Tree:
         model = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         n = self.ctx.data.num_clients
-        omega = {f"ctx/{k}": v for k, v in stack(model, self.max_contexts()).items()}
         return {
-            **omega,
+            "ctx": stack(model, self.max_contexts()),  # Ω, one row per context
             "assign": torch.arange(n) % self.max_contexts(),  # P^0: all Ω^0 are equal
             "k": torch.tensor(self.initial_contexts()),  # contexts in use
             "round": torch.zeros((), dtype=torch.int64),
@@ -114,7 +115,7 @@ class CGPFL(Algorithm):
     def configure(self, server: Tree, cohort) -> Payload:
         # Alg. 1 line 2: send Ω^t to the clients according to P^t
         ctx_of = server["assign"][cohort.ids.to(server["assign"].device)]
-        return Payload(per_client={k[4:]: v[ctx_of] for k, v in server.items() if k[:4] == "ctx/"})
+        return Payload(per_client=take(server["ctx"], ctx_of))
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         theta, buffers = split_state(state)
@@ -154,20 +155,21 @@ class CGPFL(Algorithm):
         seed = self.ctx.seed * 100_003 + info.round
         labels, inertia = kmeans(points, k, seed)  # line 13: k-means++ → P^{t+1}
         k = int(labels.max()) + 1
-        omega = {k_[4:]: v for k_, v in server.items() if k_[:4] == "ctx/"}
-        previous = flatten_rows(split_state(omega)[0])
+        previous = flatten_rows(split_state(server["ctx"])[0])
         target = match_to_previous(
             centroids(points, labels, k), previous[: max(k, int(server["k"]))]
         )
         labels_t = torch.as_tensor(target[labels])
-        new = {key: v.clone() if key[:4] == "ctx/" else v for key, v in server.items()}
+        new = {key: tree_map(torch.clone, v) if key == "ctx" else v for key, v in server.items()}
+        # flat views of Ω (old and new) and of the uploads: the same tensors, written in place
+        old_omega, new_omega = flatten(server["ctx"]), flatten(new["ctx"])
         for c in target.tolist():  # line 14: Ω ← Ω − α(Ω − Ω̃P) for contexts with uploads
             members = (labels_t == c).nonzero().view(-1)
-            for key, v in uploads.items():
+            for key, v in flatten(uploads).items():
                 mean = v[members.to(v.device)].double().mean(0).to(v.dtype)
-                old = server[f"ctx/{key}"][c]
+                old = old_omega[key][c]
                 upd = old - self.hp.alpha * (old - mean) if v.is_floating_point() else mean
-                new[f"ctx/{key}"][c] = upd
+                new_omega[key][c] = upd
         assign = server["assign"].clone()
         assign[info.ids.to(assign.device)] = labels_t.to(assign.device)
         new["assign"] = assign

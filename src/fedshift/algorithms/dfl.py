@@ -35,6 +35,12 @@ backbone ``dfl-cnn``. Choices where the paper is silent:
   uses the average, which mis-normalises each client's domain: on bgcolor-mnist
   (docs/results/dfl-bgcolor-mnist-reduced) that, not the MI terms, caused DFL's late
   decline. The server still averages the statistics (E_c^G in I_c runs with them).
+
+State (model parameter names inside): server ``{"p": E_c params, "b": E_c buffers,
+"bank": {"p": …, "b": …} (every client's latest E_s, stacked), "banked": [N]}`` (the bank
+only with diversity transferring); client ``{"p": E_s, P and critic params, "b": E_s (and
+local E_c) buffers}``. A round's per-client payload: ``{"donor": {"p": …, "b": …} (E_s of the
+donors, [C, D, …]), "donor_mask": [C, D]}``; the loss sees E_c^G as ``extras["global"]``.
 """
 
 from __future__ import annotations
@@ -46,15 +52,41 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from ..engine.contract import Tree, generator, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import (
+    Tree,
+    flatten,
+    generator,
+    put,
+    stack,
+    take,
+    tree_map,
+    weighted_mean,
+)
 from ..models.two_branch import TwoBranch
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy
 from .common.mi import init_critic, jsd_mi
+from .common.split import submodule
 
-INV, SPEC, HEAD = "extractor.invariant.", "extractor.specific.", "head."
+E_C, E_S = "extractor.invariant", "extractor.specific"  # submodules of the TwoBranch model
+INV, SPEC, HEAD = f"{E_C}.", f"{E_S}.", "head."  # the prefixes of their parameter names
+
+
+def parts(state: Tree) -> tuple[Tree, Tree]:
+    """(parameters, buffers) of a ``{"p": …, "b": …}`` tree, either possibly absent: E_c of
+    a model whose extractor has no parameters (``mlr``) is empty, and empty sub-trees do
+    not survive a checkpoint or a Flower message."""
+    return dict(state.get("p", {})), dict(state.get("b", {}))
+
+
+def model_part(p: Tree, b: Tree, prefix: str) -> Tree:
+    """``{"p": …, "b": …}`` of the parameters and buffers of module ``prefix`` (full names)."""
+    return model_state(
+        {k: v for k, v in p.items() if k.startswith(prefix)},
+        {k: v for k, v in b.items() if k.startswith(prefix)},
+    )
 
 
 @dataclass(frozen=True)
@@ -96,11 +128,10 @@ class DFL(Algorithm):
 
     def init(self) -> Tree:
         p, b = self.ctx.initial_params, self.ctx.initial_buffers
-        server = {k: v for k, v in model_state(p, b).items() if k[2:].startswith(INV)}
+        server = model_part(p, b, INV)
         if self.transfer:  # bank of the clients' latest E_s (diversity transferring)
             n = self.ctx.data.num_clients
-            spec = {k: v for k, v in model_state(p, b).items() if k[2:].startswith(SPEC)}
-            server.update(with_prefix(stack(spec, n), "bank/"))
+            server["bank"] = stack(model_part(p, b, SPEC), n)
             server["banked"] = torch.zeros(n, dtype=torch.bool)
         return server
 
@@ -108,10 +139,10 @@ class DFL(Algorithm):
         p, b = self.ctx.initial_params, self.ctx.initial_buffers
         d = self.net.feature_dim // 2
         g = torch.Generator().manual_seed(self.ctx.seed)
-        critics = {
-            **with_prefix(init_critic(2 * d, self.hp.critic_hidden, g), "critic_s."),
-            **with_prefix(init_critic(2 * d, self.hp.critic_hidden, g), "critic_c."),
-        }
+        critics = {}  # parameters of the critic modules "critic_s" and "critic_c"
+        for name in ("critic_s", "critic_c"):
+            critic = init_critic(2 * d, self.hp.critic_hidden, g)
+            critics.update({f"{name}.{k}": v for k, v in critic.items()})
         dev = self.ctx.device
         local = {k: v for k, v in p.items() if not k.startswith(INV)}
         local.update({k: v.to(dev) for k, v in critics.items()})
@@ -123,7 +154,7 @@ class DFL(Algorithm):
 
     # ---- Algorithm 1: the server sends E_c^G (and donor E_s) -----------------------------
     def configure(self, server: Tree, cohort) -> Payload:
-        broadcast = {k: v for k, v in server.items() if k[:2] in ("p/", "b/")}
+        broadcast = {k: v for k, v in server.items() if k in ("p", "b")}
         if not self.transfer or not bool(server["banked"].any()):
             return Payload(broadcast=broadcast)
         banked = server["banked"].cpu().numpy()
@@ -140,27 +171,27 @@ class DFL(Algorithm):
         for i, pick in enumerate(picks):
             idx[i, : len(pick)], mask[i, : len(pick)] = pick, 1.0
         rows = torch.from_numpy(idx).to(server["banked"].device)
-        donors = {f"donor/{k[5:]}": v[rows] for k, v in server.items() if k.startswith("bank/")}
-        donors["donor_mask"] = torch.from_numpy(mask).to(self.ctx.device)
+        donors = {
+            "donor": take(server.get("bank", {}), rows),
+            "donor_mask": torch.from_numpy(mask).to(self.ctx.device),
+        }
         return Payload(broadcast=broadcast, per_client=donors)
 
     # ---- eq. (8): the client loss -------------------------------------------------------
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         net = self.ctx.model  # self.net, or this client-group thread's copy
         zc = functional_call(
-            net.extractor.invariant, (strip_prefix(params, INV), strip_prefix(buffers, INV)), (x,)
+            net.extractor.invariant, (submodule(params, E_C), submodule(buffers, E_C)), (x,)
         )
         zs = functional_call(
-            net.extractor.specific, (strip_prefix(params, SPEC), strip_prefix(buffers, SPEC)), (x,)
+            net.extractor.specific, (submodule(params, E_S), submodule(buffers, E_S)), (x,)
         )
-        head = strip_prefix(params, HEAD)
+        head = submodule(params, "head")
         risk = cross_entropy(functional_call(net.head, head, (torch.cat([zc, zs], -1),)), y, w)
         if "donor_mask" in extras:  # diversity transferring, eq. (7)–(8)
             mask = extras["donor_mask"]
-            dp, db = (
-                strip_prefix(extras, "donor/p/" + SPEC),
-                strip_prefix(extras, "donor/b/" + SPEC),
-            )
+            donor_p, donor_b = parts(extras.get("donor", {}))
+            dp, db = submodule(donor_p, E_S), submodule(donor_b, E_S)
             terms = []
             for j in range(mask.shape[0]):
                 zj = functional_call(
@@ -172,7 +203,7 @@ class DFL(Algorithm):
                 terms.append(cross_entropy(logits, y, w))
             transfer = (torch.stack(terms) * mask).sum() / mask.sum().clamp(min=1.0)
             risk = risk + self.hp.lambda_ * transfer
-        critic_s, critic_c = strip_prefix(params, "critic_s."), strip_prefix(params, "critic_c.")
+        critic_s, critic_c = submodule(params, "critic_s"), submodule(params, "critic_c")
         # I_s(E_s^k; E_c): E_s minimises it against a frozen critic, the critic maximises it.
         # E_c gets no gradient from it (Algorithm 2: step 1 descends ∇_{ω_s} I_s, step 2
         # updates E_c by F_k − I_c alone), so zc is detached in both terms.
@@ -180,9 +211,10 @@ class DFL(Algorithm):
         i_s = jsd_mi({k: v.detach() for k, v in critic_s.items()}, zs, zc_d, w) - jsd_mi(
             critic_s, zs.detach(), zc_d, w
         )
+        glob_p, glob_b = parts(extras.get("global", {}))  # E_c^G
         zg = functional_call(
             self.ctx.module(self.frozen_invariant),
-            (strip_prefix(extras, "global/p/" + INV), strip_prefix(extras, "global/b/" + INV)),
+            (submodule(glob_p, E_C), submodule(glob_b, E_C)),
             (x,),
         )
         i_c = jsd_mi(critic_c, zc, zg.detach(), w)  # maximised by E_c^k and its critic
@@ -190,11 +222,11 @@ class DFL(Algorithm):
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)
-        glob_p, glob_b = split_state(payload.broadcast)
+        glob_p, glob_b = parts(payload.broadcast)
         local_p, local_b = split_state(state)
         params = {**stack(glob_p, n), **local_p}
         buffers = {**stack(glob_b, n), **local_b}
-        shared = with_prefix(payload.broadcast, "global/")
+        shared = {"global": payload.broadcast}
         kw = dict(shared=shared, per_client=payload.per_client)
         # step 1: E_s (with P and the critics), E_c frozen at E_c^G
         s1 = self.ctx.train(
@@ -216,35 +248,32 @@ class DFL(Algorithm):
             trainable=lambda k: not k.startswith(SPEC),
             **kw,
         )
-        inv = model_state(
-            {k: v for k, v in s2.params.items() if k.startswith(INV)},
-            {k: v for k, v in s2.buffers.items() if k.startswith(INV)},
-        )
+        inv = model_part(s2.params, s2.buffers, INV)
         local = model_state(
             {k: v for k, v in s2.params.items() if not k.startswith(INV)},
             {k: v for k, v in s2.buffers.items() if self.local_buffer(k)},
         )
         upload = dict(inv)
         if self.transfer:  # E_s goes to the server's bank for diversity transferring
-            upload.update({f"bank/{k}": v for k, v in local.items() if k[2:].startswith(SPEC)})
+            upload["bank"] = model_part(local["p"], local["b"], SPEC)
         return ClientResult(upload, local, cohort.num_examples, (s1.loss + s2.loss) / 2)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        inv = {k: v for k, v in uploads.items() if not k.startswith("bank/")}
+        inv = {k: v for k, v in uploads.items() if k != "bank"}
         new = {**server, **weighted_mean(inv, info.num_examples)}  # eq. (6)
         if self.transfer:
             ids = info.ids.to(server["banked"].device)
-            for k, v in uploads.items():
-                if k.startswith("bank/"):
-                    new[k] = server[k].clone()
-                    new[k][ids] = v.to(new[k].dtype)
+            new["bank"] = tree_map(torch.clone, server.get("bank", {}))
+            # written through the flat views (the same tensors): an empty part (no buffers)
+            # may be missing on one side after a checkpoint or a Flower message
+            put(flatten(new["bank"]), ids, flatten(uploads.get("bank", {})))
             new["banked"] = server["banked"].clone()
             new["banked"][ids] = True
         return new
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         n = len(cohort)
-        glob_p, glob_b = split_state({k: v for k, v in server.items() if k[:2] in ("p/", "b/")})
+        glob_p, glob_b = parts(server)
         local_p, local_b = split_state(state)
         params = {
             **stack(glob_p, n),

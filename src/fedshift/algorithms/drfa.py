@@ -14,6 +14,9 @@ round's participants, which evaluate the previous round's snapshot (one exchange
 round), so λ lags one round. τ = ``tau``, else the run's local_steps, else the run's local
 epochs × the mean number of minibatches per client. Default γ = 0.1 (authors' code; kept
 constant as in Algorithm 1, where their code also decays it).
+
+Server state: ``{"p": parameters, "b": buffers}`` (w^(s)), ``"snap"`` (the same form: the
+round's averaged snapshot w^(t')), ``"lambda"`` (λ) and ``"has_snap"``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, generator, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, generator, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -71,7 +74,7 @@ class DRFA(FedAvg):
         model = super().init()
         return {
             **model,
-            **with_prefix(model, "snap/"),
+            "snap": model_state(*split_state(model)),  # w^(t') of round 0: w^(0)
             "lambda": sizes / sizes.sum(),
             "has_snap": torch.zeros(()),
         }
@@ -118,8 +121,8 @@ class DRFA(FedAvg):
             steps=tau - t_snap,
             shared=received,
         )
-        upload = {**model_state(out.params, out.buffers), **with_prefix(snapshot, "snap/")}
-        previous = strip_prefix(payload.broadcast, "snap/")
+        upload = {**model_state(out.params, out.buffers), "snap": snapshot}
+        previous = payload.broadcast["snap"]
         upload["snap_loss"] = self.snapshot_losses(previous, cohort)  # U = this round's clients
         mean_loss = (losses + out.loss * (tau - t_snap)) / tau
         return ClientResult(upload, {}, cohort.num_examples, mean_loss)
@@ -130,9 +133,8 @@ class DRFA(FedAvg):
             lam = drfa_lambda_step(
                 lam, info.ids, uploads["snap_loss"], self.hp.gamma, self.local_steps()
             )
-        model = {k: v for k, v in uploads.items() if k.startswith(("p/", "b/"))}
-        snap = strip_prefix(uploads, "snap/")
+        model = {k: v for k, v in uploads.items() if k in ("p", "b")}
         new = weighted_mean(model, server["lambda"][info.ids])  # λ-weighted w^(s+1)
-        new.update(with_prefix(weighted_mean(snap, torch.ones(len(info.ids))), "snap/"))
+        new["snap"] = weighted_mean(uploads["snap"], torch.ones(len(info.ids)))
         info.log["lambda_max"] = float(lam.max())
         return {**new, "lambda": lam, "has_snap": torch.ones(())}

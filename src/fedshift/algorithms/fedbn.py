@@ -56,7 +56,7 @@ class FedBN(GlobalModelAlgorithm):
             )
 
     def split(self, tree: Tree) -> tuple[Tree, Tree]:
-        """(shared part, local BN part) of a model tree (names without p/ b/ prefixes)."""
+        """(shared part, local BN part) of a model's parameters or buffers (its own names)."""
         return select(tree, lambda k: k not in self.bn), select(tree, lambda k: k in self.bn)
 
     def init(self) -> Tree:
@@ -70,7 +70,9 @@ class FedBN(GlobalModelAlgorithm):
     def full_model(self, shared: Tree, local: Tree, n: int) -> tuple[Tree, Tree]:
         """Stacked client models: broadcast shared layers + each client's BN layers."""
         gp, gb = split_state(shared)
-        lp, lb = split_state(local)
+        # a client state without BN parameters (local = "statistics") or without any BN
+        # layer has empty parts, which a checkpoint does not keep
+        lp, lb = local.get("p", {}), local.get("b", {})
         return {**stack(gp, n), **lp}, {**stack(gb, n), **lb}
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:

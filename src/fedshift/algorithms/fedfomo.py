@@ -20,6 +20,9 @@ it keeps its own model and trains locally (the paper's clients always hold valid
 data; tested in tests/algorithms/test_personalization_fidelity.py). The draws are seeded per
 (seed, round, client). Clients never sampled hold the initial model. Communication: M
 models go down to each client (counted in the payload).
+
+Server state: ``{"m": {"p": …, "b": …} (every client's latest model, stacked [N, …]),
+"P": [N, N]}``; client state: its model ``{"p": …, "b": …}``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, generator, put, strip_prefix, take, with_prefix
+from ..engine.contract import Tree, flatten, generator, leaves, put, take, tree_map
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses
@@ -79,8 +82,8 @@ class FedFomo(Algorithm):
     def init(self) -> Tree:
         n = self.ctx.data.num_clients
         one = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
-        models = {f"m/{k}": v.unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in one.items()}
-        return {**models, "P": torch.zeros(n, n)}
+        models = tree_map(lambda v: v.unsqueeze(0).repeat(n, *([1] * v.dim())), one)
+        return {"m": models, "P": torch.zeros(n, n)}
 
     def init_client_state(self, server: Tree) -> Tree:
         return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
@@ -106,8 +109,8 @@ class FedFomo(Algorithm):
 
     def configure(self, server: Tree, cohort) -> Payload:
         sel = self.select(server, cohort)
-        models = strip_prefix(server, "m/")
-        dev = next(iter(models.values())).device
+        models = server["m"]
+        dev = next(leaves(models)).device
         return Payload(per_client={**take(models, sel.to(dev)), "sel": sel})  # [C, M, ...]
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
@@ -115,31 +118,38 @@ class FedFomo(Algorithm):
         ids, ctx = cohort.ids, self.ctx
         own_loss = client_losses(ctx, own_p, own_b, False, self.val, ids)
         losses, dists = [], []
+        downloaded = {k: v for k, v in payload.per_client.items() if k != "sel"}  # [C, M, …]
         for j in range(self.m):  # eq. 5 for each downloaded model
-            p, b = split_state({k: v[:, j] for k, v in payload.per_client.items() if k != "sel"})
+            p, b = split_state(tree_map(lambda v, j=j: v[:, j], downloaded))
             losses.append(client_losses(ctx, p, b, False, self.val, ids))
             sq = sum(((p[k] - own_p[k]) ** 2).flatten(1).sum(1) for k in own_p)
             dists.append(sq.sqrt().cpu())
         w = fomo_weights(own_loss, torch.stack(losses, 1), torch.stack(dists, 1))
         pos = w.clamp(min=0)
         coef = (pos / pos.sum(1, keepdim=True).clamp(min=1e-12)).to(ctx.device)  # eq. 6
-        start = {}
-        for k, v in state.items():
-            others = payload.per_client[k]
-            if v.is_floating_point():
-                c = coef.view(*coef.shape, *([1] * (v.dim() - 1)))
-                start[k] = v + (c * (others - v.unsqueeze(1))).sum(1)
-            else:
-                start[k] = v
+
+        def step(v, others):
+            if not v.is_floating_point():
+                return v
+            c = coef.view(*coef.shape, *([1] * (v.dim() - 1)))
+            return v + (c * (others - v.unsqueeze(1))).sum(1)
+
+        received = payload.per_client
+        start = {
+            part: {k: step(v, received[part][k]) for k, v in own.items()}
+            for part, own in state.items()
+        }
         params, buffers = split_state(start)
         out = ctx.train(self.loss, params, buffers, cohort)
         new = model_state(out.params, out.buffers)
-        upload = {**with_prefix(new, "m/"), "w": w, "sel": payload.per_client["sel"]}
+        upload = {"m": new, "w": w, "sel": payload.per_client["sel"]}
         return ClientResult(upload, new, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        new = {k: v.clone() for k, v in server.items()}
-        put(new, info.ids, {k: v for k, v in uploads.items() if k.startswith("m/")})
+        new = tree_map(torch.clone, server)
+        # written through the flat views (the same tensors): an empty "b" of a model without
+        # buffers may be missing on one side after a checkpoint round trip
+        put(flatten(new["m"]), info.ids, flatten(uploads["m"]))
         rows = info.ids.unsqueeze(1).expand_as(uploads["sel"]).cpu()
         P = new["P"].cpu()
         P.index_put_((rows, uploads["sel"].cpu()), uploads["w"].cpu().float(), accumulate=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, select, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, select, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.alignment import classifier_gradient, gradient_alignment_penalty
@@ -47,14 +47,14 @@ class FedIIR(FedAvg):
     def init(self) -> Tree:
         head = select(self.ctx.initial_params, is_head)
         zeros = {k: torch.zeros_like(v) for k, v in head.items()}
-        return {**super().init(), **with_prefix(zeros, "gbar/"), "has_gbar": torch.zeros(())}
+        return {**super().init(), "gbar": zeros, "has_gbar": torch.zeros(())}
 
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         z = features(self.ctx, params, buffers, x)
         head = select(params, is_head)
         risk = cross_entropy(classify(self.ctx, head, z), y, w)
-        target = strip_prefix(extras, "gbar/")
-        penalty = gradient_alignment_penalty(classifier_gradient(self.ctx, head, z, y, w), target)
+        g = classifier_gradient(self.ctx, head, z, y, w)
+        penalty = gradient_alignment_penalty(g, extras["gbar"])
         return risk + extras["weight"] * penalty
 
     def gradient_sum(self, per_client: Tree, model: Tree, x, y, mask) -> Tree:
@@ -66,22 +66,23 @@ class FedIIR(FedAvg):
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers, _ = self.start_from_broadcast(payload, len(cohort))
-        received = {k: v for k, v in payload.broadcast.items() if k.startswith(("p/", "b/"))}
+        received = {k: v for k, v in payload.broadcast.items() if k in ("p", "b")}
         sums = client_sums(self.ctx, self.gradient_sum, cohort, {}, received)
         n = cohort.num_examples.to(self.ctx.device).clamp(min=1.0)
         grads = {k: v / n.view(-1, *([1] * (v.dim() - 1))) for k, v in sums.items()}
         weight = payload.broadcast["has_gbar"] * self.hp.penalty
-        shared = {**select(payload.broadcast, lambda k: k.startswith("gbar/")), "weight": weight}
+        shared = {"gbar": payload.broadcast["gbar"], "weight": weight}
         out = self.ctx.train(self.loss, params, buffers, cohort, shared=shared)
-        upload = {**model_state(out.params, out.buffers), **with_prefix(grads, "grad/")}
+        upload = {**model_state(out.params, out.buffers), "grad": grads}
         return ClientResult(upload, {}, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        model = {k: v for k, v in uploads.items() if k.startswith(("p/", "b/"))}
+        model = {k: v for k, v in uploads.items() if k in ("p", "b")}
         new = weighted_mean(model, info.num_examples)
-        mean = weighted_mean(strip_prefix(uploads, "grad/"), info.num_examples)
+        mean = weighted_mean(uploads["grad"], info.num_examples)
         first = not bool(server["has_gbar"])
+        gbar = {}
         for k, g in mean.items():  # ḡ ← ema·ḡ + (1 − ema)·mean, from the first mean
-            old = server["gbar/" + k]
-            new["gbar/" + k] = g if first else self.hp.ema * old + (1 - self.hp.ema) * g
-        return {**new, "has_gbar": torch.ones(())}
+            old = server["gbar"][k]
+            gbar[k] = g if first else self.hp.ema * old + (1 - self.hp.ema) * g
+        return {**new, "gbar": gbar, "has_gbar": torch.ones(())}

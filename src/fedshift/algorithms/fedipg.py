@@ -37,6 +37,8 @@ same as FedAvg and FedIIR in the same table, so the three differ only in their l
 leaves the model at chance after 10 rounds (11.4 %, val 10.4) where one local epoch of
 batch 64 reaches 33.0 % (val 55.5); at any fixed T and η the literal rule trains far less
 than the baselines it is compared with.
+
+Server state: FedAvg's ``{"p": …, "b": …}`` and ``"exited"``, ``"negative"`` ([N] each).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class FedIPG(FedAvg):
         return {**super().init(), "exited": exited, "negative": torch.zeros(n, dtype=torch.int64)}
 
     def configure(self, server: Tree, cohort) -> Payload:
-        return Payload(broadcast={k: v for k, v in server.items() if k[:2] in ("p/", "b/")})
+        return Payload(broadcast={k: v for k, v in server.items() if k in ("p", "b")})
 
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         def risk(p, b):

@@ -16,8 +16,9 @@ as in the authors' code (``methods/fedpac.py``, ``local_training``: ``if round >
 alignment term is off in round 0, when no global centroid exists yet, and from round 1 on
 a class without a global centroid is aligned to the client's own centroid measured with
 the received θ;
-the heads φ̂_i live in server state (row i = client i's head), since the server computes
-them after the uploads; a client that never took part keeps the initial head.
+the heads φ̂_i live in server state (``heads``, row i = client i's head; the server state is
+``{"p": θ, "b": buffers, "heads": φ̂, "centroids": c, "has_centroid": …}``), since the
+server computes them after the uploads; a client that never took part keeps the initial head.
 """
 
 from __future__ import annotations
@@ -27,17 +28,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.contract import Tree, select, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, select, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.alignment import alignment_loss, class_feature_sums
-from .common.global_model import model_state, split_state
+from .common.global_model import model_state
 from .common.local_stats import client_sums
 from .common.losses import cross_entropy
 from .common.simplex import simplex_qp
 from .common.split import classify, features, is_extractor, is_head
 
 EPS = 1e-3  # classifier weights below this are dropped (authors' threshold)
+
+
+def representation(state: Tree) -> tuple[Tree, Tree]:
+    """θ's parameters and buffers in ``state``; θ may have none (mlr: Φ = identity), and an
+    empty part is neither sent nor saved."""
+    return state.get("p", {}), state.get("b", {})
 
 
 def classifier_weights(v: np.ndarray, h: np.ndarray, i: int) -> np.ndarray:
@@ -66,14 +73,15 @@ class FedPAC(Algorithm):
     def init(self) -> Tree:
         ctx, n = self.ctx, self.ctx.data.num_clients
         k, d = ctx.data.num_classes, ctx.model.feature_dim
-        heads = with_prefix(stack(select(ctx.initial_params, is_head), n), "heads/")
+        heads = stack(select(ctx.initial_params, is_head), n)
         rep = model_state(select(ctx.initial_params, is_extractor), ctx.initial_buffers)
         centroids = {"centroids": torch.zeros(k, d), "has_centroid": torch.zeros(k)}
-        return {**rep, **heads, **{name: v.to(ctx.device) for name, v in centroids.items()}}
+        centroids = {name: v.to(ctx.device) for name, v in centroids.items()}
+        return {**rep, "heads": heads, **centroids}
 
     def configure(self, server: Tree, cohort) -> Payload:
-        shared = {k: v for k, v in server.items() if not k.startswith("heads/")}
-        heads = {k: v[cohort.ids] for k, v in strip_prefix(server, "heads/").items()}
+        shared = {k: v for k, v in server.items() if k != "heads"}
+        heads = {k: v[cohort.ids] for k, v in server["heads"].items()}
         return Payload(broadcast=shared, per_client=heads)
 
     def ce(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
@@ -90,7 +98,7 @@ class FedPAC(Algorithm):
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         ctx, n = self.ctx, len(cohort)
-        rep, buffers = split_state(payload.broadcast)
+        rep, buffers = representation(payload.broadcast)
         before = client_sums(ctx, self.stats, cohort, {}, model_state(rep, buffers))
         cnt = before["count"].clamp(min=1.0)  # [C, K]
         mu = before["sum"] / cnt.unsqueeze(-1)  # local centroids with the received θ
@@ -121,7 +129,7 @@ class FedPAC(Algorithm):
         after = client_sums(ctx, self.stats, cohort, model_state(out.params, out.buffers))
         upload = {
             **model_state(select(out.params, is_extractor), out.buffers),
-            **with_prefix(select(out.params, is_head), "heads/"),
+            "heads": select(out.params, is_head),
             "centroid_sum": after["sum"],
             "centroid_count": after["count"],
             "v": v,
@@ -130,7 +138,7 @@ class FedPAC(Algorithm):
         return ClientResult(upload, {}, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        model = {k: v for k, v in uploads.items() if k.startswith(("p/", "b/"))}
+        model = {k: v for k, v in uploads.items() if k in ("p", "b")}
         new = {**server, **weighted_mean(model, info.num_examples)}
         count = uploads["centroid_count"].sum(0)
         new["centroids"] = uploads["centroid_sum"].sum(0) / count.clamp(min=1.0).unsqueeze(1)
@@ -138,15 +146,16 @@ class FedPAC(Algorithm):
         v, h = uploads["v"].double().cpu().numpy(), uploads["h"].double().cpu().numpy()
         alpha = np.stack([classifier_weights(v, h, i) for i in range(len(v))])  # [m, m]
         a = torch.as_tensor(alpha, dtype=torch.float32)
-        for k, heads in strip_prefix(uploads, "heads/").items():  # φ̂_i = Σ_j α_ij φ_j
+        new["heads"] = dict(server["heads"])  # the server's own dict stays as it was
+        for k, heads in uploads["heads"].items():  # φ̂_i = Σ_j α_ij φ_j
             combined = torch.einsum("ij,j...->i...", a.to(heads.device), heads)
-            new["heads/" + k] = server["heads/" + k].clone()
-            new["heads/" + k][info.ids.to(heads.device)] = combined
+            new["heads"][k] = server["heads"][k].clone()
+            new["heads"][k][info.ids.to(heads.device)] = combined
         info.log["alpha"] = alpha
         return new
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
-        rep, buffers = split_state(server)
-        heads = {k: v[cohort.ids] for k, v in strip_prefix(server, "heads/").items()}
+        rep, buffers = representation(server)
+        heads = {k: v[cohort.ids] for k, v in server["heads"].items()}
         n = len(cohort)
         return Prediction({**stack(rep, n), **heads}, stack(buffers, n), shared=False)

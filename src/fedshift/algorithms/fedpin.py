@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
@@ -150,8 +150,9 @@ class FedPIN(Algorithm):
         }
 
     def init_client_state(self, server: Tree) -> Tree:
-        init = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
-        return {**with_prefix(init, "psi/"), **with_prefix(init, "pm/")}
+        """``{"psi": Ψ_u, "pm": the personalized model}``, each ``{"p", "b"}``."""
+        params, buffers = self.ctx.initial_params, self.ctx.initial_buffers
+        return {"psi": model_state(params, buffers), "pm": model_state(params, buffers)}
 
     def configure(self, server: Tree, cohort) -> Payload:
         own = {k: server[k][cohort.ids.to(server[k].device)] for k in CLIENT_AUX}
@@ -167,14 +168,14 @@ class FedPIN(Algorithm):
         z = features(m, params, buffers, x)
         risk = cross_entropy(head(m, params, buffers, z), y, w)
         lam, gam = self.weights()
-        anchor = features(m, strip_prefix(extras, "gp/"), strip_prefix(extras, "gb/"), x)
-        negatives = features(m, strip_prefix(extras, "sp/"), strip_prefix(extras, "sb/"), x)
+        anchor = features(m, extras["gp"], extras.get("gb", {}), x)
+        negatives = features(m, extras["sp"], extras.get("sb", {}), x)
         con = contrastive_loss(z, anchor.detach(), negatives.detach(), self.hp.tau, w)
         return risk + lam * con + gam * feature_variance(z, w)
 
     def l2_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """GM-L2 ablation: R(θ_u) + (μ/2)‖θ_u − θ_g‖²."""
-        prox = squared_distance(params, strip_prefix(extras, "gp/"))
+        prox = squared_distance(params, extras["gp"])
         return self.erm_loss(params, buffers, extras, x, y, w) + 0.5 * self.hp.l2_weight * prox
 
     def global_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
@@ -230,17 +231,17 @@ class FedPIN(Algorithm):
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n, hp = len(cohort), self.hp
         g_params, g_buffers = split_state(payload.broadcast)
-        shared = {**with_prefix(g_params, "gp/"), **with_prefix(g_buffers, "gb/")}
+        shared = {"gp": g_params, "gb": g_buffers}
         new_state = dict(state)
         if hp.variant.startswith("pm"):
             # Alg. 5: Ψ_u for K local steps of ERM
-            psi_p, psi_b = split_state(strip_prefix(state, "psi/"))
+            psi_p, psi_b = split_state(state["psi"])
             psi = self.ctx.train(
                 self.erm_loss, psi_p, psi_b, cohort, "fedpin/erm", **self.k_local()
             )
-            new_state.update(with_prefix(model_state(psi.params, psi.buffers), "psi/"))
+            new_state["psi"] = model_state(psi.params, psi.buffers)
             # personalized model for K local steps with Φ_g^t and Ψ_u
-            pm_p, pm_b = split_state(strip_prefix(state, "pm/"))
+            pm_p, pm_b = split_state(state["pm"])
             pm = self.ctx.train(
                 self.local_loss,
                 pm_p,
@@ -249,11 +250,11 @@ class FedPIN(Algorithm):
                 "fedpin/personal",
                 **self.k_local(),
                 shared=shared,
-                per_client={**with_prefix(psi.params, "sp/"), **with_prefix(psi.buffers, "sb/")},
+                per_client={"sp": psi.params, "sb": psi.buffers},
             )
-            new_state.update(with_prefix(model_state(pm.params, pm.buffers), "pm/"))
+            new_state["pm"] = model_state(pm.params, pm.buffers)
         elif hp.variant == "gm-l2":
-            pm_p, pm_b = split_state(strip_prefix(state, "pm/"))
+            pm_p, pm_b = split_state(state["pm"])
             pm = self.ctx.train(
                 self.l2_loss,
                 pm_p,
@@ -263,7 +264,7 @@ class FedPIN(Algorithm):
                 **self.k_local(),
                 shared=shared,
             )
-            new_state.update(with_prefix(model_state(pm.params, pm.buffers), "pm/"))
+            new_state["pm"] = model_state(pm.params, pm.buffers)
         # R local epochs on the global sub-objective L_g^u
         aux = {k: payload.broadcast[k] for k in SHARED_AUX}
         out = self.ctx.train(
@@ -286,7 +287,7 @@ class FedPIN(Algorithm):
         # Φ_g, ω_g and the shared part of ω_a: Alg. 5's global aggregation, 1/|A_t| Σ_u
         out = weighted_mean(shared, torch.ones(len(info.ids)))
         # the model part may take a FedOpt server step (Adam, as the IRM reference trains)
-        model = {k: v for k, v in out.items() if k.startswith(("p/", "b/"))}
+        model = {k: out[k] for k in ("p", "b") if k in out}
         out.update(server_update(self.hp, server, model))
         if "round" in server:
             out["round"] = server["round"] + 1
@@ -312,5 +313,5 @@ class FedPIN(Algorithm):
                 **self.k_local(),
             )
             return Prediction(out.params, out.buffers, shared=False)
-        params, buffers = split_state(strip_prefix(state, "pm/"))
+        params, buffers = split_state(state["pm"])
         return Prediction(params, buffers, shared=False)

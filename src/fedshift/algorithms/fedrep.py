@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, select, stack, weighted_mean, with_prefix
+from ..engine.contract import Tree, select, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -44,14 +44,15 @@ class FedRep(Algorithm):
         return model_state(select(self.ctx.initial_params, is_extractor), self.ctx.initial_buffers)
 
     def init_client_state(self, server: Tree) -> Tree:
-        return with_prefix(select(self.ctx.initial_params, is_head), "p/")
+        return {"p": select(self.ctx.initial_params, is_head)}
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(broadcast=server)
 
     def personal_model(self, shared: Tree, state: Tree, n: int) -> tuple[Tree, Tree]:
         """Stacked h_i ∘ φ for ``n`` clients: the shared φ with each client's head."""
-        rep, buffers = split_state(shared)
+        # φ may have no parameters (mlr: Φ = identity): an empty part is not sent or saved
+        rep, buffers = shared.get("p", {}), shared.get("b", {})
         heads, _ = split_state(state)
         return {**stack(rep, n), **heads}, stack(buffers, n)
 
@@ -71,7 +72,7 @@ class FedRep(Algorithm):
         out = self.ctx.train(self.loss, params, buffers, cohort, trainable=is_extractor)  # line 6
         return ClientResult(
             upload=model_state(select(out.params, is_extractor), out.buffers),
-            state=with_prefix(select(out.params, is_head), "p/"),
+            state={"p": select(out.params, is_head)},
             num_examples=torch.ones(len(cohort)),  # Algorithm 1 averages uniformly
             loss=out.loss,
         )

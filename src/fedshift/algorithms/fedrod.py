@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, select, stack, strip_prefix, with_prefix
+from ..engine.contract import Tree, select, stack
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import model_state, split_state
@@ -28,7 +28,7 @@ from .common.losses import cross_entropy
 from .common.split import classify, features, is_head, require_linear_head
 from .fedavg import FedAvg
 
-PERSONAL = "personal."  # personal-head parameters inside the trained tree
+PERSONAL = "personal"  # the personal head's parameters inside the trained tree
 
 
 def balanced_softmax(logits, y, w, counts, gamma: float = 1.0):
@@ -54,24 +54,24 @@ class FedRoD(FedAvg):
         require_linear_head(ctx, "fedrod")
 
     def init_client_state(self, server: Tree) -> Tree:
-        return with_prefix(select(self.ctx.initial_params, is_head), "p/")
+        return {"p": select(self.ctx.initial_params, is_head)}
 
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         z = features(self.ctx, params, buffers, x)
         generic = classify(self.ctx, select(params, is_head), z)
-        personal = classify(self.ctx, strip_prefix(params, PERSONAL), z.detach())
+        personal = classify(self.ctx, params[PERSONAL], z.detach())
         bsm = balanced_softmax(generic, y, w, extras["counts"], self.hp.gamma)
         return bsm + cross_entropy(generic.detach() + personal, y, w)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers, _ = self.start_from_broadcast(payload, len(cohort))
-        params.update(with_prefix(split_state(state)[0], PERSONAL))
+        params[PERSONAL] = split_state(state)[0]
         counts = label_counts(self.ctx, cohort.ids)
         out = self.ctx.train(self.loss, params, buffers, cohort, per_client={"counts": counts})
-        model = {k: v for k, v in out.params.items() if not k.startswith(PERSONAL)}
+        model = {k: v for k, v in out.params.items() if k != PERSONAL}
         return ClientResult(
             upload=model_state(model, out.buffers),
-            state=with_prefix(strip_prefix(out.params, PERSONAL), "p/"),
+            state={"p": out.params[PERSONAL]},
             num_examples=cohort.num_examples,
             loss=out.loss,
         )

@@ -31,14 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import (
-    Tree,
-    gradient_by,
-    stack,
-    strip_prefix,
-    weighted_mean,
-    with_prefix,
-)
+from ..engine.contract import Tree, gradient_by, stack, tree_map, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -107,7 +100,9 @@ class FedSDRHyper:
 
 class ShortcutDiscovery(SignatureView):
     """Stage 1 and the ℓ_SR loss, shared by FedSDR and its +FedAvg / +pFedMe variants.
-    Server keys: ``sd/p/*``, ``sd/b/*`` (ω∘Ψ) and ``env.weight`` [E, K, d], ``env.bias`` [E, K]."""
+    Server state: ``{"sd": {"p", "b"}}`` (ω∘Ψ), ``env.weight`` [E, K, d], ``env.bias`` [E, K]
+    and the signature view's ``sig`` tables. Ψ^t reaches stage 2's losses as the extras
+    ``{"sp": Ψ's parameters, env.* (and the view's ``{"sig": {"proj"}}``), "sb": buffers}``."""
 
     def discovery_init(self) -> Tree:
         data = self.ctx.data
@@ -125,11 +120,14 @@ class ShortcutDiscovery(SignatureView):
         }
         env.update(self.signature_tables(e, k, d))
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
-        return {**with_prefix(state, "sd/"), **{n: v.to(self.ctx.device) for n, v in env.items()}}
+        return {"sd": state, **tree_map(lambda v: v.to(self.ctx.device), env)}
 
     def discovery_broadcast(self, server: Tree) -> Tree:
         """The server state minus the signature view's tables (they stay on the server)."""
-        return {k: v for k, v in server.items() if k not in SERVER_ONLY}
+        return {
+            k: {n: t for n, t in v.items() if n not in SERVER_ONLY} if k == "sig" else v
+            for k, v in server.items()
+        }
 
     def env_logits(self, params: Tree, z):
         return torch.einsum("bd,ekd->ebk", z, params["env.weight"]) + params["env.bias"][:, None]
@@ -189,12 +187,12 @@ class ShortcutDiscovery(SignatureView):
 
     def shortcut(self, extras: Tree, x):
         """The discovered shortcut representation of ``x`` that stage 2 removes."""
-        params = strip_prefix(extras, "sp/")
-        psi = features(self.ctx.model, params, strip_prefix(extras, "sb/"), x)
+        params = extras["sp"]
+        psi = features(self.ctx.model, params, extras.get("sb", {}), x)
         if self.hp.shortcut_view == "features":
             return psi
         if self.hp.shortcut_view == "signature":
-            return psi @ params["sig/proj"]
+            return psi @ params["sig"]["proj"]
         logits = self.env_logits(params, psi)  # [E, B, K]
         return (logits - logits.mean(0)).transpose(0, 1).flatten(1)  # [B, E·K]
 
@@ -213,18 +211,19 @@ class ShortcutDiscovery(SignatureView):
         return {"shared": extras, "row_extras": {"psi": psi}}
 
     def psi_extras(self, server: Tree) -> Tree:
-        params, buffers = split_state(strip_prefix(server, "sd/"))
+        params, buffers = split_state(server["sd"])
         env = {k: server[k] for k in ENV}
         if self.hp.shortcut_view == "signature":
-            proj = server["sig/proj"]
-            env["sig/proj"] = proj[:, proj.abs().sum(0) > 0]  # the directions found so far
-        return {**with_prefix({**params, **env}, "sp/"), **with_prefix(buffers, "sb/")}
+            proj = server["sig"]["proj"]
+            env["sig"] = {"proj": proj[:, proj.abs().sum(0) > 0]}  # the directions found so far
+        return {"sp": {**params, **env}, "sb": buffers}
 
     def discovery_train(self, payload: Payload, cohort) -> Tree:
-        """R local iterations of stage 1; returns the upload (sd/* and env.*)."""
+        """R local iterations of stage 1; returns the upload (sd, env.* and the signature
+        view's sig)."""
         n, b = len(cohort), payload.broadcast
         stats = self.signature_upload(payload, cohort)
-        sd_p, sd_b = split_state(strip_prefix(b, "sd/"))
+        sd_p, sd_b = split_state(b["sd"])
         params = stack({**sd_p, **{k: b[k] for k in ENV}}, n)
         buffers = stack(sd_b, n)
         iterations = self.ctx.local_epochs or 1
@@ -242,8 +241,7 @@ class ShortcutDiscovery(SignatureView):
             params, buffers = out.params, out.buffers
             params = {**params, **self.train_environments(params, buffers, cohort, r)}
         model_p = {k: v for k, v in params.items() if k not in ENV}
-        model = with_prefix(model_state(model_p, buffers), "sd/")
-        return {**model, **{k: params[k] for k in ENV}, **stats}
+        return {"sd": model_state(model_p, buffers), **{k: params[k] for k in ENV}, **stats}
 
     def train_environments(self, params: Tree, buffers: Tree, cohort, r: int) -> Tree:
         """Alg. 2 line 12: the environment classifiers on Ψ's features, Ψ fixed; for a
@@ -265,8 +263,8 @@ class ShortcutDiscovery(SignatureView):
 
     def discovery_aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         out = dict(server)
-        sd = {k: v for k, v in uploads.items() if k.startswith("sd/")}
-        out.update(weighted_mean(sd, torch.ones(len(info.ids))))  # Alg. 2 line 18: uniform
+        sd = weighted_mean(uploads["sd"], torch.ones(len(info.ids)))  # Alg. 2 l. 18: uniform
+        out["sd"] = sd
         envs = self.ctx.data.train.env.cpu()
         client = torch.repeat_interleave(
             torch.arange(self.ctx.data.num_clients), self.ctx.data.train.sizes()

@@ -5,6 +5,7 @@ the shortcut-removal loss ℓ_SR = R(f) + γ·Î(Φ; Ψ | Y) replaces the risk o
 ``fedsdr-fedavg`` (Alg. 3): the server also keeps a global invariant model f_θ; each client
 starts from f_θ^t, trains it on ℓ_SR for the run's local training, keeps the result as its
 personalized model f_θu and uploads it; the server averages f_θu uniformly (line 17).
+f_θ is the server state's ``g`` (``{"p", "b"}``), beside FedSDR's.
 As in Alg. 2, every client trains its personalized model each round (line 4) and only the
 sampled ones run stage 1 and upload.
 Choice: the box interleaves f, Ψ and ω_e updates per iteration; we run f's epochs first,
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -38,12 +39,12 @@ class FedSDRFedAvg(FedSDR):
 
     def init(self) -> Tree:
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
-        return {**self.discovery_init(), **with_prefix(state, "g/")}
+        return {**self.discovery_init(), "g": state}
 
     def personal_train(self, broadcast: Tree, state: Tree, cohort):
         """Alg. 3 line 7: f_θu from f_θ^t, the run's local training on ℓ_SR with Ψ^t."""
         n = len(cohort)
-        params, buffers = split_state(strip_prefix(broadcast, "g/"))
+        params, buffers = split_state(broadcast["g"])
         return self.ctx.train(
             self.sr_risk,
             stack(params, n),
@@ -56,13 +57,12 @@ class FedSDRFedAvg(FedSDR):
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         f = self.personal_train(payload.broadcast, state, cohort)
         trained = model_state(f.params, f.buffers)
-        upload = {**self.discovery_train(payload, cohort), **with_prefix(trained, "g/")}
+        upload = {**self.discovery_train(payload, cohort), "g": trained}
         return ClientResult(upload, trained, cohort.num_examples, f.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         out = self.discovery_aggregate(server, uploads, info)
-        g = {k: v for k, v in uploads.items() if k.startswith("g/")}
-        return {**out, **weighted_mean(g, torch.ones(len(info.ids)))}
+        return {**out, "g": weighted_mean(uploads["g"], torch.ones(len(info.ids)))}
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class FedSDRPFedMe(ShortcutDiscovery, PFedMe):
         return PFedMe.client_update(self, self.configure(server, cohort), state, cohort).state
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        keys = [k for k in server if k.startswith(("p/", "b/"))]
+        keys = [k for k in ("p", "b") if k in server and k in uploads]  # w_u's model
         uniform = replace(info, num_examples=torch.ones_like(info.num_examples))  # line 21
         w = PFedMe.aggregate(
             self, {k: server[k] for k in keys}, {k: uploads[k] for k in keys}, uniform

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.contract import Payload, RoundInfo, Tree, strip_prefix, with_prefix
+from ..engine.contract import Payload, RoundInfo, Tree
 from .common.alignment import class_feature_sums
 from .common.local_stats import client_sums
 from .common.representation import conditional_correlation_l1
@@ -24,7 +24,7 @@ from .common.shortcut_signature import group_means, shortcut_directions, within_
 
 VIEWS = ("features", "disagreement", "signature")
 ESTIMATORS = ("moment", "correlation", "prediction")
-SERVER_ONLY = ("sig/sum", "sig/count", "sig/within")  # the signature view's server tables
+SERVER_ONLY = ("sum", "count", "within")  # the signature view's server tables (in "sig")
 
 
 def correlation_penalty(estimator: str, phi, logits, psi, y, w, k: int):
@@ -35,24 +35,27 @@ def correlation_penalty(estimator: str, phi, logits, psi, y, w, k: int):
 
 class SignatureView:
     """The ``signature`` view's statistics: uploaded by the participants, kept and turned
-    into shortcut directions by the server. A no-op for every other view."""
+    into shortcut directions by the server. A no-op for every other view. Server state:
+    ``{"sig": {"sum", "count", "within", "proj"}}``; uploads ``{"sig": {"count", "sum",
+    "outer"}}``."""
 
     def signature_tables(self, e: int, k: int, d: int) -> Tree:
         if self.hp.shortcut_view != "signature":
             return {}
-        return {
-            "sig/sum": torch.zeros(self.ctx.data.num_clients, e, k, d),
-            "sig/count": torch.zeros(self.ctx.data.num_clients, e, k),
-            "sig/within": torch.zeros(d, d),
-            "sig/proj": torch.zeros(d, d),
+        sig = {
+            "sum": torch.zeros(self.ctx.data.num_clients, e, k, d),
+            "count": torch.zeros(self.ctx.data.num_clients, e, k),
+            "within": torch.zeros(d, d),
+            "proj": torch.zeros(d, d),
         }
+        return {"sig": sig}
 
     def signature_stats(self, model: Tree, shared: Tree, x, y, mask) -> Tree:
         """For ONE client's chunk, grouped by environment × class (``y`` = env·K + class):
         counts, feature sums, and Σ Ψ(x)Ψ(x)ᵀ."""
         groups = len(self.ctx.data.train_env_names) * self.ctx.data.num_classes
         sums = class_feature_sums(self.ctx, {**shared, **model}, x, y, mask, groups, outer=True)
-        return with_prefix({k: sums[k] for k in ("count", "sum", "outer")}, "sig/")
+        return {k: sums[k] for k in ("count", "sum", "outer")}
 
     def signature_upload(self, payload: Payload, cohort) -> Tree:
         """Each client's statistics of the received Ψ^t, for the signature view."""
@@ -61,10 +64,11 @@ class SignatureView:
         if getattr(self, "_group_labels", None) is None:  # environment·K + class, per row
             data = self.ctx.data
             self._group_labels = data.train.env * data.num_classes + data.train.y
-        model = strip_prefix(payload.broadcast, "sd/")
-        return client_sums(
+        model = payload.broadcast["sd"]
+        sums = client_sums(
             self.ctx, self.signature_stats, cohort, {}, model, labels=self._group_labels
         )
+        return {"sig": sums}
 
     def signature_aggregate(self, out: Tree, uploads: Tree, info: RoundInfo) -> None:
         """Store the participants' group means, then recompute the shortcut directions from
@@ -72,16 +76,18 @@ class SignatureView:
         if self.hp.shortcut_view != "signature":
             return
         e, k = len(self.ctx.data.train_env_names), self.ctx.data.num_classes
-        counts, sums = uploads["sig/count"], uploads["sig/sum"]  # [C, E·K], [C, E·K, d]
-        ids = info.ids.to(out["sig/sum"].device)
-        out["sig/sum"] = out["sig/sum"].index_copy(0, ids, sums.view(len(ids), e, k, -1))
-        out["sig/count"] = out["sig/count"].index_copy(0, ids, counts.view(len(ids), e, k))
+        up = uploads["sig"]
+        counts, sums = up["count"], up["sum"]  # [C, E·K], [C, E·K, d]
+        sig = out["sig"] = dict(out["sig"])  # ``out`` is a shallow copy of the server state
+        ids = info.ids.to(sig["sum"].device)
+        sig["sum"] = sig["sum"].index_copy(0, ids, sums.view(len(ids), e, k, -1))
+        sig["count"] = sig["count"].index_copy(0, ids, counts.view(len(ids), e, k))
         if counts.sum() > 0:
-            out["sig/within"] = within_covariance(uploads["sig/outer"], sums, counts)
-        out["sig/proj"] = shortcut_directions(
-            group_means(out["sig/sum"], out["sig/count"]),
-            out["sig/count"],
-            out["sig/within"],
+            sig["within"] = within_covariance(up["outer"], sums, counts)
+        sig["proj"] = shortcut_directions(
+            group_means(sig["sum"], sig["count"]),
+            sig["count"],
+            sig["within"],
             self.hp.signature_ridge,
             self.hp.signature_threshold,
         )

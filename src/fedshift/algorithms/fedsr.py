@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, stack, torch_seed, weighted_mean, with_prefix
+from ..engine.contract import Tree, stack, torch_seed, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -66,8 +66,9 @@ class FedSR(FedAvg):
             "fedsr.rep.weight": (torch.rand(2 * d, d, generator=g) * 2 - 1) * bound,
             "fedsr.rep.bias": (torch.rand(2 * d, generator=g) * 2 - 1) * bound,
         }
-        extra = {name: v.to(self.ctx.device) for name, v in extra.items()}
-        return {**super().init(), **with_prefix(extra, "p/")}
+        server = super().init()  # A and a join the model's parameters
+        server["p"].update({name: v.to(self.ctx.device) for name, v in extra.items()})
+        return server
 
     def init_client_state(self, server: Tree) -> Tree:
         """Each client's own r_μ, r_σ_raw and C (authors' initialisation)."""
@@ -77,7 +78,7 @@ class FedSR(FedAvg):
             "fedsr.ref_sigma": torch.ones(k, d),
             "fedsr.scale": torch.ones(()),
         }
-        return with_prefix({name: v.to(self.ctx.device) for name, v in refs.items()}, "p/")
+        return {"p": {name: v.to(self.ctx.device) for name, v in refs.items()}}
 
     def distribution(self, params: Tree, buffers: Tree, x):
         out = F.linear(
@@ -113,7 +114,7 @@ class FedSR(FedAvg):
             noise={"eps": (batch, self.dim)},
         )
         shared = {k: v for k, v in out.params.items() if k not in refs}
-        kept = with_prefix({k: out.params[k] for k in refs}, "p/")
+        kept = {"p": {k: out.params[k] for k in refs}}
         return ClientResult(model_state(shared, out.buffers), kept, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:

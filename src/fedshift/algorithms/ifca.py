@@ -15,6 +15,9 @@ n_i-weighted (the paper's clients have equal n_i, where this is its plain mean).
 round's assignments are logged (``cluster``, in the order of ``clients``). At evaluation
 every client picks its cluster the same way (lowest training loss) and is evaluated with it.
 Communication: all K models go down to every sampled client.
+
+Server state: ``{"p": …, "b": …}`` of the K models stacked [K, …]; a client uploads
+``{"m": {"p": …, "b": …}, "cluster": ĵ}``.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, flatten, leaves, take, tree_map, unflatten, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses, fresh_init
@@ -40,7 +43,7 @@ class IFCAHyper:
 
 def cluster_model(server: Tree, j) -> Tree:
     """Model j of the stacked cluster models (``j`` an int, or a [C] index → stacked)."""
-    return {k: v[j] for k, v in server.items()}
+    return take(server, j)
 
 
 @register_algorithm("ifca")
@@ -52,7 +55,8 @@ class IFCA(Algorithm):
         inits = [fresh_init(self.ctx, j, "ifca/init") for j in range(1, self.hp.num_clusters)]
         first = (self.ctx.initial_params, self.ctx.initial_buffers)  # θ_1: the run's init
         models = [model_state(p, b) for p, b in [first, *inits]]
-        return {k: torch.stack([m[k] for m in models]) for k in models[0]}  # [K, ...]
+        flat = [flatten(m) for m in models]
+        return unflatten({k: torch.stack([m[k] for m in flat]) for k in flat[0]})  # [K, ...]
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(broadcast=server)  # all K models
@@ -72,22 +76,21 @@ class IFCA(Algorithm):
         start = cluster_model(payload.broadcast, chosen.to(self.ctx.device))
         params, buffers = split_state(start)
         out = self.ctx.train(self.loss, params, buffers, cohort)
-        upload = {**with_prefix(model_state(out.params, out.buffers), "m/"), "cluster": chosen}
+        upload = {"m": model_state(out.params, out.buffers), "cluster": chosen}
         return ClientResult(upload, {}, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         chosen = uploads["cluster"].cpu()
-        models = strip_prefix(uploads, "m/")
-        new = {k: v.clone() for k, v in server.items()}
+        models = uploads["m"]
+        new = tree_map(torch.clone, server)
+        rows = flatten(new)  # the same tensors, written in place
         for j in range(self.hp.num_clusters):
             members = (chosen == j).nonzero().flatten()
             if len(members):  # line 14: average of the models of cluster j
-                idx = members.to(next(iter(models.values())).device)
-                mean = weighted_mean(
-                    {k: v[idx] for k, v in models.items()}, info.num_examples[members]
-                )
-                for k, v in mean.items():
-                    new[k][j] = v
+                idx = members.to(next(leaves(models)).device)
+                mean = weighted_mean(take(models, idx), info.num_examples[members])
+                for k, v in flatten(mean).items():
+                    rows[k][j] = v
         info.log.update(clients=info.ids, cluster=chosen)
         return new
 

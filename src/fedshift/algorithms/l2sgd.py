@@ -19,10 +19,13 @@ participants and a client applies the latest x̄ when it is next sampled.
 
 Defaults (our choice; the paper sweeps λ and p): λ = 1, p = 0.1 (10 local steps per round
 on average). BatchNorm buffers are averaged like parameters.
+Server state: x̄ as ``{"p": params, "b": buffers}`` and ``"keep"`` = (1 − θ)^A; client
+state: x_i as ``{"p", "b"}``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -44,10 +47,14 @@ class L2SGDHyper:
 
 
 def pull(state: Tree, mean: Tree, keep: torch.Tensor) -> Tree:
-    """x_i ← x̄ + keep·(x_i − x̄) for the floating-point entries (A averaging steps)."""
+    """x_i ← x̄ + keep·(x_i − x̄) for the floating-point entries (A averaging steps); nested
+    trees (``{"p", "b"}``) are walked."""
     out = {}
     for k, v in state.items():
-        out[k] = mean[k] + keep * (v - mean[k]) if v.is_floating_point() else v
+        if isinstance(v, Mapping):
+            out[k] = pull(v, mean.get(k, {}), keep)
+        else:
+            out[k] = mean[k] + keep * (v - mean[k]) if v.is_floating_point() else v
     return out
 
 

@@ -39,12 +39,13 @@ layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that rec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch.func import grad
 
-from ..engine.contract import SGDConfig, Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import SGDConfig, Tree, flatten, stack, tree_map, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ADAM_BETAS, ADAM_EPS, adam_step  # noqa: F401 (re-export)
@@ -54,7 +55,8 @@ from .common.losses import cross_entropy, squared_distance
 from .common.proximal import move_to, prox_solve, report_as
 from .common.representation import one_hot
 
-ADAM_KEYS = ("am/", "av/", "ak/")  # Adam first / second moments and step counts
+ADAM_KEYS = ("am", "av", "ak")  # Adam first / second moments and step counts
+PERSONAL = "pm"  # θ_i beside ν_i in the trained tree, and θ_i's part of each Adam entry
 
 
 @dataclass(frozen=True)
@@ -101,12 +103,15 @@ class PerInvFL(Algorithm):
         return {**state, "round": torch.zeros(()), "q": torch.full((n,), 1.0 / n)}
 
     def init_client_state(self, server: Tree) -> Tree:
+        """θ_i as ``{"p", "b"}``; under Adam also the moments of ν_i and θ_i, ``am`` and
+        ``av`` (``{<ν's names>, "pm": {<θ's names>}}``), and their step counts
+        ``ak = {"nu", "pm"}``."""
         state = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         if self.hp.optimizer == "adam":  # per-client Adam state of ν_i and of θ_i
-            model = {**self.ctx.initial_params, **with_prefix(self.ctx.initial_params, "pm/")}
-            zeros = {k: torch.zeros_like(v) for k, v in model.items()}
-            steps = {"ak/nu": torch.zeros(()), "ak/pm": torch.zeros(())}
-            state = {**state, **with_prefix(zeros, "am/"), **with_prefix(zeros, "av/"), **steps}
+            model = {**self.ctx.initial_params, PERSONAL: dict(self.ctx.initial_params)}
+            m, v = (tree_map(torch.zeros_like, model) for _ in range(2))
+            steps = {"nu": torch.zeros(()), PERSONAL: torch.zeros(())}
+            state = {**state, "am": m, "av": v, "ak": steps}
         return state
 
     def configure(self, server: Tree, cohort) -> Payload:
@@ -153,8 +158,8 @@ class PerInvFL(Algorithm):
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         if self.hp.optimizer == "adam":
             return self.adam_loss(params, buffers, extras, x, y, w)
-        nu = {k: v for k, v in params.items() if not k.startswith("pm/")}
-        theta = strip_prefix(params, "pm/")
+        nu = {k: v for k, v in params.items() if k != PERSONAL}
+        theta = params[PERSONAL]
         eta = self.hp.personal_lr or self.ctx.sgd.lr
 
         def personal(t: Tree):
@@ -170,17 +175,17 @@ class PerInvFL(Algorithm):
         """Lines 8–9 with Adam steps along Alg. 1's gradients; every new value (θ, ν and
         their Adam moments and step counts) is reached by one engine step of lr 1."""
         hp = self.hp
-        old = {k: v.detach() for k, v in params.items()}
-        nu = {k: v for k, v in old.items() if "/" not in k}
-        m, v = strip_prefix(old, "am/"), strip_prefix(old, "av/")
+        old = tree_map(lambda t: t.detach(), params)
+        nu = {k: v for k, v in old.items() if k not in (PERSONAL, *ADAM_KEYS)}
+        m, v = old["am"], old["av"]
 
         beta = self.prox_weight(extras)
 
         def personal(t: Tree):  # line 8: ∇(L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
             return self.local_inv(t, buffers, extras, x, y, w) + beta * squared_distance(t, nu)
 
-        theta, mt, vt = (strip_prefix(d, "pm/") for d in (old, m, v))
-        kt = old["ak/pm"]
+        theta, mt, vt = (d[PERSONAL] for d in (old, m, v))
+        kt = old["ak"][PERSONAL]
         for _ in range(hp.personal_steps):
             g = grad(personal)(theta)
             theta, mt, vt, kt = adam_step(theta, g, mt, vt, kt, hp.personal_lr or self.ctx.sgd.lr)
@@ -190,29 +195,28 @@ class PerInvFL(Algorithm):
 
         g, risk = grad(global_loss, has_aux=True)(nu)
         mn, vn = ({k: d[k] for k in nu} for d in (m, v))
-        nu, mn, vn, kn = adam_step(nu, g, mn, vn, old["ak/nu"], self.ctx.sgd.lr)
+        nu, mn, vn, kn = adam_step(nu, g, mn, vn, old["ak"]["nu"], self.ctx.sgd.lr)
         new = {
             **nu,
-            **with_prefix(theta, "pm/"),
-            **with_prefix({**mn, **with_prefix(mt, "pm/")}, "am/"),
-            **with_prefix({**vn, **with_prefix(vt, "pm/")}, "av/"),
-            "ak/nu": kn,
-            "ak/pm": kt,
+            PERSONAL: theta,
+            "am": {**mn, PERSONAL: mt},
+            "av": {**vn, PERSONAL: vt},
+            "ak": {"nu": kn, PERSONAL: kt},
         }
-        return report_as(move_to(params, new, 1.0), risk)
+        return report_as(move_to(flatten(params), flatten(new), 1.0), risk)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)
         nu, buffers = split_state(payload.broadcast)
         theta, _ = split_state(state)
-        adam = {k: v for k, v in state.items() if k.startswith(ADAM_KEYS)}
+        adam = {k: v for k, v in state.items() if k in ADAM_KEYS}
         weight = irm_weight(payload.broadcast["round"], self.hp.anneal_rounds, self.hp.irm_lambda)
         schedule = {}
         if self.hp.batch == "client":  # R full-batch iterations
             schedule = {"steps": self.ctx.local_epochs or self.ctx.local_steps, "batch_size": 0}
         out = self.ctx.train(
             self.loss,
-            {**stack(nu, n), **with_prefix(theta, "pm/"), **adam},
+            {**stack(nu, n), PERSONAL: theta, **adam},
             stack(buffers, n),
             cohort,
             sgd=SGDConfig(1.0 if self.hp.optimizer == "adam" else self.ctx.sgd.lr),
@@ -220,20 +224,16 @@ class PerInvFL(Algorithm):
             per_client={"q": payload.per_client["q"]},
             **schedule,
         )
-        local = {k: v for k, v in out.params.items() if "/" not in k}
+        local = {k: v for k, v in out.params.items() if k not in (PERSONAL, *ADAM_KEYS)}
         upload = {**model_state(local, out.buffers), "loss": out.loss}
-        new_state = model_state(strip_prefix(out.params, "pm/"), out.buffers)
-        new_state.update({k: v for k, v in out.params.items() if k.startswith(ADAM_KEYS)})
+        new_state = model_state(out.params[PERSONAL], out.buffers)
+        new_state.update({k: v for k, v in out.params.items() if k in ADAM_KEYS})
         return ClientResult(upload, new_state, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         models = {k: v for k, v in uploads.items() if k != "loss"}
         mean = weighted_mean(models, torch.ones(len(info.ids)))  # Alg. 1 line 10: 1/N Σ ν_i
-        a = self.hp.alpha
-        out = {
-            k: server[k] - a * (server[k] - mean[k]) if server[k].is_floating_point() else mean[k]
-            for k in mean
-        }
+        out = server_step(server, mean, self.hp.alpha)
         q = server["q"]
         if self.hp.inv == "groupdro":
             q = groupdro_weights(q, info.ids, uploads["loss"].to(q.device), self.hp.eta_q)
@@ -242,3 +242,16 @@ class PerInvFL(Algorithm):
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         params, buffers = split_state(state)
         return Prediction(params, buffers, shared=False)
+
+
+def server_step(server: Tree, mean: Tree, alpha: float) -> Tree:
+    """ν ← ν − α(ν − mean ν_i) for every floating-point tensor of ``mean`` (nested trees
+    walked), ``mean``'s value for the others (integer buffers)."""
+    out = {}
+    for k, m in mean.items():
+        if isinstance(m, Mapping):
+            out[k] = server_step(server.get(k, {}), m, alpha)
+        else:
+            v = server[k]
+            out[k] = v - alpha * (v - m) if v.is_floating_point() else m
+    return out

@@ -8,9 +8,11 @@ problem, giving θ̃_i; then w_i ← w_i − η·λ(w_i − θ̃_i) (η = the ru
 steps (the run's local_epochs / local_steps) the server sets w ← (1 − β)w + β·mean_i w_i.
 Each client is evaluated with its personalized model θ_i (pFedMe's "personalized model").
 
-Engine mapping: θ_i and w_i are trained together; the loss solves the inner problem
-(``common.proximal.prox_solve``) and returns a surrogate whose plain SGD step sets θ_i ← θ̃_i
-and w_i ← w_i − ηλ(w_i − θ̃_i) exactly, so the run's momentum and weight decay are not used.
+Engine mapping: θ_i and w_i are trained together (one tree: w_i under the model's names,
+θ_i under ``"pm"``); the loss solves the inner problem (``common.proximal.prox_solve``) and
+returns a surrogate whose plain SGD step sets θ_i ← θ̃_i and w_i ← w_i − ηλ(w_i − θ̃_i)
+exactly, so the run's momentum and weight decay are not used. Server state: w as
+``{"p": params, "b": buffers}``; client state: θ_i in the same form.
 For an MLP the K inner gradients are written out (``Algorithm.risk_gradient``), not autograd's.
 θ_i restarts from w at each round (the authors' code). Every client trains every round
 (the authors' server, ``serverpFedMe.train``: "do update for all users not only selected
@@ -23,16 +25,10 @@ w, so w stays at the broadcast model.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..engine.contract import (
-    SGDConfig,
-    Tree,
-    stack,
-    strip_prefix,
-    weighted_mean,
-    with_prefix,
-)
+from ..engine.contract import SGDConfig, Tree, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -86,8 +82,8 @@ class PFedMe(Algorithm):
         return self.risk_gradient()
 
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        local = {k: v for k, v in params.items() if not k.startswith("pm/")}
-        theta = strip_prefix(params, "pm/")
+        local = {k: v for k, v in params.items() if k != "pm"}
+        theta = params["pm"]
         hp = self.hp
 
         def risk(t: Tree):
@@ -105,7 +101,7 @@ class PFedMe(Algorithm):
         n = len(cohort)
         received, buffers = split_state(payload.broadcast)
         personal = stack(received, n) if self.reset_personal else split_state(state)[0]
-        params = {**stack(received, n), **with_prefix(personal, "pm/")}
+        params = {**stack(received, n), "pm": personal}
         out = self.ctx.train(
             self.loss,
             params,
@@ -114,10 +110,10 @@ class PFedMe(Algorithm):
             sgd=SGDConfig(self.ctx.sgd.lr),
             **self.train_extras(payload, cohort),
         )
-        local = {k: v for k, v in out.params.items() if not k.startswith("pm/")}
+        local = {k: v for k, v in out.params.items() if k != "pm"}
         return ClientResult(
             upload=model_state(local, out.buffers),
-            state=model_state(strip_prefix(out.params, "pm/"), out.buffers),
+            state=model_state(out.params["pm"], out.buffers),
             num_examples=cohort.num_examples,
             loss=out.loss,
         )
@@ -131,13 +127,22 @@ class PFedMe(Algorithm):
         return {}
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
-        mean = weighted_mean(uploads, info.num_examples)
-        b = self.hp.beta
-        return {
-            k: (1 - b) * server[k] + b * mean[k] if v.is_floating_point() else mean[k]
-            for k, v in server.items()
-        }
+        """w ← (1 − β)w + β·mean w_i over the entries of ``server`` (``{"p", "b"}``; a
+        subclass passes just those of its larger state)."""
+        return server_step(server, weighted_mean(uploads, info.num_examples), self.hp.beta)
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         params, buffers = split_state(state)
         return Prediction(params, buffers, shared=False)
+
+
+def server_step(server: Tree, mean: Tree, beta: float) -> Tree:
+    """(1 − β)·server + β·mean for every floating-point tensor of ``server`` (nested trees
+    walked), ``mean``'s value for the others (integer buffers)."""
+    out = {}
+    for k, v in server.items():
+        if isinstance(v, Mapping):
+            out[k] = server_step(v, mean.get(k, {}), beta)
+        else:
+            out[k] = (1 - beta) * v + beta * mean[k] if v.is_floating_point() else mean[k]
+    return out

@@ -15,6 +15,8 @@ K_i is the number of steps client i actually took (clients of unequal size take 
 numbers); η_l is the run's ``lr``. Option II assumes plain SGD: with momentum or weight decay
 the correction is still applied, but c_i⁺ is no longer the paper's estimate. BatchNorm
 buffers, which have no control variates, are averaged like FedAvg's.
+Server state: ``{"p": x, "b": buffers, "c": c}``; client state ``{"c": c_i}``; upload
+``{"dy": Δy_i, "dc": Δc_i, "b": buffers}``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, gradient_by, strip_prefix, weighted_mean, with_prefix
+from ..engine.contract import Tree, gradient_by, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
@@ -52,10 +54,10 @@ class Scaffold(GlobalModelAlgorithm):
 
     def init(self) -> Tree:
         zeros = {k: torch.zeros_like(v) for k, v in self.ctx.initial_params.items()}
-        return {**super().init(), **with_prefix(zeros, "c/")}  # x and c = 0
+        return {**super().init(), "c": zeros}  # x and c = 0
 
     def init_client_state(self, server: Tree) -> Tree:
-        return {k: torch.zeros_like(v) for k, v in server.items() if k.startswith("c/")}
+        return {"c": {k: torch.zeros_like(v) for k, v in server["c"].items()}}
 
     def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """∇ of ``loss`` with the risk's gradient written out: ∇R + (c − c_i); the risk."""
@@ -70,7 +72,7 @@ class Scaffold(GlobalModelAlgorithm):
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers, x = self.start_from_broadcast(payload, len(cohort))
-        c, c_i = strip_prefix(payload.broadcast, "c/"), strip_prefix(state, "c/")
+        c, c_i = payload.broadcast["c"], state["c"]
         correction = {k: c[k].unsqueeze(0) - c_i[k] for k in c}
         out = self.ctx.train(self.loss, params, buffers, cohort, per_client=correction)
         # Option II (line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); unchanged if K_i = 0
@@ -83,18 +85,15 @@ class Scaffold(GlobalModelAlgorithm):
             new_c[k] = torch.where(scale > 0, plus, c_i[k])
             delta_c[k] = new_c[k] - c_i[k]
         delta_y = {k: out.params[k] - x[k].unsqueeze(0) for k in x}  # line 13
-        upload = {**with_prefix(delta_y, "dy/"), **with_prefix(delta_c, "dc/")}
-        upload.update(with_prefix(out.buffers, "b/"))
-        return ClientResult(upload, with_prefix(new_c, "c/"), cohort.num_examples, out.loss)
+        upload = {"dy": delta_y, "dc": delta_c, "b": out.buffers}
+        return ClientResult(upload, {"c": new_c}, cohort.num_examples, out.loss)
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         n = self.ctx.data.num_clients
         weights = info.num_examples if self.hp.weighted else torch.ones_like(info.num_examples)
         mean = weighted_mean(uploads, weights)
         params, _ = split_state(server)
-        c = strip_prefix(server, "c/")
-        s = len(info.ids)
-        new_x = {k: v + self.hp.server_lr * mean[f"dy/{k}"] for k, v in params.items()}
-        new_c = {k: v + (s / n) * strip_prefix(uploads, "dc/")[k].mean(0) for k, v in c.items()}
-        buffers = strip_prefix(mean, "b/")
-        return {**model_state(new_x, buffers), **with_prefix(new_c, "c/")}
+        c, s = server["c"], len(info.ids)
+        new_x = {k: v + self.hp.server_lr * mean["dy"][k] for k, v in params.items()}
+        new_c = {k: v + (s / n) * uploads["dc"][k].mean(0) for k, v in c.items()}
+        return {**model_state(new_x, mean.get("b", {})), "c": new_c}

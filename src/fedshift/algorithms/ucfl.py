@@ -24,6 +24,10 @@ T_min = T_dl = 1/μ = 1 (the paper's "slow uplink, unreliable nodes" system).
 Choices: with partial participation the centroid weights are renormalised over the round's
 participants; σ_i² uses only full minibatches (the partition's remainder is dropped unless it
 is the only batch) and is floored at 1e-12; k runs over 2..min(N − 1, ``max_streams``).
+
+Server state: ``{"s": {"p": …, "b": …} (the stream models, stacked [m_t, …]), "centroids",
+"stream", "silhouette", "time"}`` and, after the statistics round, ``"W"``. With ``parallel``
+a client uploads ``{"0": {"p": …, "b": …}, "1": …}``, one model per stream.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..engine.contract import Tree, stack
+from ..engine.contract import Tree, flatten, leaves, stack, take, unflatten
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import kmeans, silhouette_curve
@@ -93,7 +97,7 @@ class UCFL(Algorithm):
         sizes = self.ctx.data.train.sizes().double()
         model = model_state(self.ctx.initial_params, self.ctx.initial_buffers)
         return {  # one FedAvg-like stream until the statistics round has run
-            **{f"s/{k}": v for k, v in stack(model, 1).items()},
+            "s": stack(model, 1),
             "centroids": (sizes / sizes.sum().clamp(min=1)).view(1, n),
             "stream": torch.zeros(n, dtype=torch.int64),
             "silhouette": torch.full((n + 1,), UNDEFINED, dtype=torch.float64),
@@ -146,9 +150,9 @@ class UCFL(Algorithm):
             labels, _ = kmeans(points, m, self.ctx.seed)
             m = int(labels.max()) + 1
             cents = torch.stack([w[torch.as_tensor(labels == c)].mean(0) for c in range(m)])
-        model = {k[2:]: v[0] for k, v in server.items() if k.startswith("s/")}
+        model = take(server["s"], 0)
         return {
-            **{f"s/{k}": v for k, v in stack(model, m).items()},
+            "s": stack(model, m),
             "centroids": cents.to(torch.float64),
             "stream": torch.as_tensor(labels, dtype=torch.int64),
             "silhouette": silhouette,
@@ -169,15 +173,12 @@ class UCFL(Algorithm):
         return max(utility, key=lambda k: (utility[k], -k))
 
     # ---- Alg. 1 lines 7–12: rounds -----------------------------------------------------
-    def streams(self, server: Tree) -> Tree:
-        return {k[2:]: v for k, v in server.items() if k.startswith("s/")}
-
     def configure(self, server: Tree, cohort) -> Payload:
-        models = self.streams(server)
+        models = server["s"]
         if self.hp.parallel:  # every user receives every stream
             return Payload(broadcast=models)
         own = server["stream"][cohort.ids.to(server["stream"].device)]
-        return Payload(per_client={k: v[own] for k, v in models.items()})
+        return Payload(per_client=take(models, own))
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         if not self.hp.parallel:
@@ -187,9 +188,9 @@ class UCFL(Algorithm):
                 model_state(out.params, out.buffers), {}, cohort.num_examples, out.loss
             )
         upload, losses = {}, []
-        m = next(iter(payload.broadcast.values())).shape[0]
+        m = next(leaves(payload.broadcast)).shape[0]
         for s in range(m):  # eq. (12): user j also trains the other streams' models
-            params, buffers = split_state({k: v[s] for k, v in payload.broadcast.items()})
+            params, buffers = split_state(take(payload.broadcast, s))
             out = self.ctx.train(
                 self.loss,
                 stack(params, len(cohort)),
@@ -197,7 +198,7 @@ class UCFL(Algorithm):
                 cohort,
                 f"train/{s}",
             )
-            upload.update({f"{s}/{k}": v for k, v in model_state(out.params, out.buffers).items()})
+            upload[str(s)] = model_state(out.params, out.buffers)
             losses.append(out.loss)
         return ClientResult(upload, {}, cohort.num_examples, torch.stack(losses).mean(0))
 
@@ -208,20 +209,23 @@ class UCFL(Algorithm):
         c = torch.where(total > 0, c / total.clamp(min=1e-300), c)
         m = c.shape[0]
         new = dict(server)
-        for key, old in self.streams(server).items():
+        streams = flatten(server["s"])  # "p/<name>" → [m, …]
+        received = flatten(uploads)  # "p/<name>", or "<stream>/p/<name>" with ``parallel``
+        for key, old in flatten(server["s"]).items():
             if not old.is_floating_point():
                 continue
             if self.hp.parallel:
                 mixed = torch.stack(
                     [
-                        torch.einsum("p,p...->...", c[s].to(old.dtype), uploads[f"{s}/{key}"])
+                        torch.einsum("p,p...->...", c[s].to(old.dtype), received[f"{s}/{key}"])
                         for s in range(m)
                     ]
                 )
             else:
-                mixed = torch.einsum("mp,p...->m...", c.to(old.dtype), uploads[key])
+                mixed = torch.einsum("mp,p...->m...", c.to(old.dtype), received[key])
             keep = (total.view(-1) > 0).view(-1, *([1] * (old.dim() - 1)))
-            new[f"s/{key}"] = torch.where(keep, mixed, old)
+            streams[key] = torch.where(keep, mixed, old)
+        new["s"] = unflatten(streams)
         dt = simulated_round_time(m, m if self.hp.parallel else 1, len(info.ids), self.hp)
         new["time"] = server["time"] + dt
         info.log["streams"] = m
@@ -234,5 +238,5 @@ class UCFL(Algorithm):
 
     def predictor(self, server: Tree, state: Tree, cohort) -> Prediction:
         own = server["stream"][cohort.ids.to(server["stream"].device)]
-        params, buffers = split_state({k: v[own] for k, v in self.streams(server).items()})
+        params, buffers = split_state(take(server["s"], own))
         return Prediction(params, buffers, shared=False)

@@ -19,7 +19,7 @@ from .local import LocalTrainer, LossFn, TrainResult
 from .rng import torch_seed
 from .schedule import Schedule, make_schedule
 from .sgd import SGDConfig
-from .tree import Tree
+from .tree import Tree, flatten
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class Context:
         depends on the rows' owners and the purpose only.
         """
         split = self.data.train
-        for name, v in {"inputs": inputs, **(row_extras or {})}.items():
+        for name, v in {"inputs": inputs, **flatten(row_extras or {})}.items():
             if v is not None and v.shape[0] != split.y.shape[0]:
                 raise ValueError(
                     f"{name} has {v.shape[0]} rows; the training split has {split.y.shape[0]}"

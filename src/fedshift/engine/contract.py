@@ -32,9 +32,12 @@ An algorithm whose box trains *every* client each round while only the sampled o
 the clients not sampled in the round, with the round's server state (before aggregation).
 Optional ``before_training(server)`` runs once before round 0 (UCFL's gradient statistics
 round); the class method ``wrap_model`` gives the model the method trains (DFL's two
-branches) before the context is built. Payloads and uploads are flat name → tensor
-mappings, so communication cost is a generic sum of bytes and every state can be
-checkpointed without knowing the algorithm.
+branches) before the context is built. State, payloads and uploads are trees: mappings
+of names to tensors or to further trees (``{"p": params, "b": buffers}``; pFedMe's client
+state ``{"pm": θ}``), never names with prefixes. The engine stacks, slices, averages and
+counts them whatever their shape (``tree.py``), so communication cost is a generic sum of
+bytes, and checkpoints and Flower records hold their flattened form (``"p/fc1.weight"``)
+without knowing the algorithm.
 """
 
 from __future__ import annotations
@@ -57,13 +60,15 @@ from .schedule import client_order
 from .sgd import SGDConfig
 from .tree import (
     Tree,
+    flatten,
+    leaves,
     put,
     select,
     stack,
-    strip_prefix,
     take,
+    tree_map,
+    unflatten,
     weighted_mean,
-    with_prefix,
 )
 
 __all__ = [
@@ -80,7 +85,9 @@ __all__ = [
     "Tree",
     "client_order",
     "cross_entropy",
+    "flatten",
     "generator",
+    "leaves",
     "gradient_by",
     "mlp_risk_gradient",
     "put",
@@ -88,11 +95,11 @@ __all__ = [
     "select",
     "single_threaded",
     "stack",
-    "strip_prefix",
     "take",
     "torch_seed",
+    "tree_map",
+    "unflatten",
     "weighted_mean",
-    "with_prefix",
 ]
 
 

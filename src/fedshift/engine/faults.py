@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ..options import opt, require
 from .rng import generator
-from .tree import Tree
+from .tree import Tree, leaves
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def injected_fault(opts: FaultOptions, seed: int, round_: int, client: int) -> s
 
 def corrupt(upload: Tree, row: int) -> None:
     """Replace one client's row of every floating upload tensor by NaN (in place)."""
-    for v in upload.values():
+    for v in leaves(upload):
         if v.is_floating_point():
             v[row] = float("nan")
 
@@ -71,7 +71,7 @@ def corrupt(upload: Tree, row: int) -> None:
 def row_norms(upload: Tree) -> Tensor:
     """[P] L2 norm of each participant's floating upload tensors together."""
     total = None
-    for v in upload.values():
+    for v in leaves(upload):
         if not v.is_floating_point():
             continue
         # in float32 (no converted copy of the uploads); a row whose float32 norm overflows
@@ -104,4 +104,4 @@ def screen(upload: Tree, opts: FaultOptions) -> list[str | None]:
 
 
 def finite(tree: Tree) -> bool:
-    return all(bool(torch.isfinite(v).all()) for v in tree.values() if v.is_floating_point())
+    return all(bool(torch.isfinite(v).all()) for v in leaves(tree) if v.is_floating_point())

@@ -26,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -51,10 +51,31 @@ from .fused import FusedMLPStep
 from .risk import written_gradient
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
-from .tree import Tree, clone, take
+from .tree import Tree, clone, flatten, is_nested, take, unflatten
 
 # loss_fn(params, buffers, extras, x, y, w) -> scalar, for ONE client (vmapped by the trainer)
 LossFn = Callable[[Tree, Tree, Tree, Tensor, Tensor, Tensor], Tensor]
+
+
+def on_flat_trees(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` of nested trees as a loss of their flattened forms (what the trainer
+    stacks and steps), its written gradient (``gradient_by``) and marks carried over."""
+
+    def loss(params, buffers, extras, x, y, w):
+        return loss_fn(unflatten(params), unflatten(buffers), unflatten(extras), x, y, w)
+
+    written = written_gradient(loss_fn)
+    if written is not None:
+
+        def gradient(params, buffers, extras, x, y, w):
+            args = unflatten(params), unflatten(buffers), unflatten(extras)
+            grads, value = written(*args, x, y, w)
+            return flatten(grads), value
+
+        loss.gradient = gradient
+    loss.__qualname__ = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
+    loss.single_threaded = getattr(loss_fn, "single_threaded", False)
+    return loss
 
 
 # torch.compile: graphs allowed per step function (objectives × widths); the default (8)
@@ -200,6 +221,7 @@ class LocalTrainer:
         self._convolutional = any(isinstance(m, conv) for m in model.modules())
         self._model_id = f"{type(model).__name__}#{zlib.crc32(repr(shapes).encode()):08x}"
         self._steps: dict = {}
+        self._flat_losses: dict = {}  # loss of nested trees → its flat form (one per loss)
         # asked between local steps: True abandons the training in progress (the runner
         # sets it while a stop was requested and the round has changed no state yet)
         self.should_stop: Callable[[], bool] = lambda: False
@@ -387,7 +409,29 @@ class LocalTrainer:
         independent of the cohort size: vmap itself forbids random ops in the step.
         ``row_extras`` (name → [M, …], one entry per row of ``split``) are gathered like
         ``env``: each step's extras carry the entries of its minibatch's rows.
+
+        Nested trees (``{"pm": θ, "nu": ν}``) are trained as their flattened forms and come
+        back nested; ``trainable`` then sees the flattened names (``"pm/fc1.weight"``).
         """
+        parts = (params, buffers, shared or {}, per_client or {}, row_extras or {})
+        if any(is_nested(t) for t in parts):
+            flat_loss = self._flat_losses.get(loss_fn)
+            if flat_loss is None:
+                flat_loss = self._flat_losses[loss_fn] = on_flat_trees(loss_fn)
+            out = self.train(
+                flat_loss,
+                *(flatten(t) for t in parts[:2]),
+                split,
+                schedule,
+                sgd,
+                shared=flatten(parts[2]),
+                per_client=flatten(parts[3]),
+                trainable=trainable,
+                noise=noise,
+                generators=generators,
+                row_extras=flatten(parts[4]),
+            )
+            return replace(out, params=unflatten(out.params), buffers=unflatten(out.buffers))
         device = next(iter(params.values())).device
         order = torch.argsort(schedule.steps, descending=True, stable=True)
         inverse = torch.argsort(order)

@@ -28,7 +28,7 @@ from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
 from .store import ClientStore
-from .tree import Rows, Tree, concat, nbytes
+from .tree import Rows, Tree, concat, empty_parts_like, flatten, leaves, nbytes, tree_map, unflatten
 
 # A run has diverged when more than this share of its rounds, or this many rounds in a row,
 # trained nothing for numerical reasons (see lost_round); docs/reliability.md.
@@ -193,7 +193,7 @@ class Runner:
             events.append({"client": c, "event": kind})
             if kind == "corrupted":
                 if not copied:
-                    upload, copied = {k: v.clone() for k, v in upload.items()}, True
+                    upload, copied = tree_map(torch.clone, upload), True
                 corrupt(upload, j)
             else:
                 keep[j] = False
@@ -204,7 +204,7 @@ class Runner:
                         "sent": r,
                         "client": c,
                         "num_examples": float(weights[j]),
-                        "upload": {k: v[j].detach().cpu().clone() for k, v in upload.items()},
+                        "upload": tree_map(lambda v, j=j: v[j].detach().cpu().clone(), upload),
                     }
                 )
         for j, why in enumerate(screen(upload, self.faults)):
@@ -221,12 +221,12 @@ class Runner:
         self.pending = [p for p in self.pending if p["due"] != r]
         index = keep.nonzero().flatten()
         every = bool(keep.all())  # every upload usable: no gather (a pass over the uploads)
-        parts = [upload if every else {k: v[index.to(v.device)] for k, v in upload.items()}]
+        parts = [upload if every else tree_map(lambda v: v[index.to(v.device)], upload)]
         ids_in = [ids[index]]
         w_in = [w[index]]
         dev = self.ctx.device
         for p in due:
-            parts.append({k: v.unsqueeze(0).to(dev) for k, v in p["upload"].items()})
+            parts.append(tree_map(lambda v: v.unsqueeze(0).to(dev), p["upload"]))
             ids_in.append(torch.tensor([p["client"]]))
             w_in.append(torch.tensor([p["num_examples"]]))
         return torch.cat(ids_in), torch.cat(w_in), concat(parts)
@@ -272,10 +272,11 @@ class Runner:
             }
         return {
             "rounds_done": rounds_done,
-            "server": {k: v.cpu() for k, v in self.server.items()},
+            # flat "/"-joined names: a checkpoint reads without knowing the method's trees
+            "server": {k: v.cpu() for k, v in flatten(self.server).items()},
             "clients": None
             if self.store.state is None
-            else {k: v.cpu() for k, v in self.store.state.items()},
+            else {k: v.cpu() for k, v in flatten(self.store.state).items()},
             "records": [dataclasses.asdict(r) for r in result.rounds],
             "time_s": result.time_s,
             "bytes_up": result.bytes_up,
@@ -288,12 +289,15 @@ class Runner:
     def load_state_dict(self, state: dict) -> RunResult:
         template = self.store.template
         n = self.store.num_clients
-        check_fit("client", state["clients"], {k: (n, *v.shape) for k, v in template.items()})
+        shapes = {k: (n, *v.shape) for k, v in flatten(template).items()}
+        check_fit("client", state["clients"], shapes)
         check_fit("server", state["server"])  # its names and shapes may change (UCFL)
         dev = self.ctx.device
-        self.server = {k: v.to(dev) for k, v in state["server"].items()}
+        server = unflatten({k: v.to(dev) for k, v in state["server"].items()})
+        self.server = empty_parts_like(server, self.server)  # self.server: the method's init
         if state["clients"] is not None:
-            self.store.state = {k: v.to(self.store.device) for k, v in state["clients"].items()}
+            clients = {k: v.to(self.store.device) for k, v in state["clients"].items()}
+            self.store.state = empty_parts_like(unflatten(clients), template)
         result = self.new_result()
         try:
             result.rounds = [RoundRecord(**r) for r in state["records"]]
@@ -481,7 +485,7 @@ def divergence(lost: list[RoundRecord], streak: bool, rounds: int) -> str | None
 
 def check_client_state(state: Tree, ids: Tensor, r: int) -> None:
     """Refuse to keep a client state with NaN/Inf: that client's personal model diverged."""
-    for v in state.values():
+    for v in leaves(state):
         if not v.is_floating_point():
             continue
         bad = ~torch.isfinite(v.reshape(v.shape[0], -1)).all(1)

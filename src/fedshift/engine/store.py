@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .tree import Tree, put, stack, take
+from .tree import Tree, leaves, put, stack, take, tree_map
 
 
 class ClientStore:
@@ -19,15 +19,14 @@ class ClientStore:
 
     def _ensure(self) -> Tree:
         if self.state is None:
-            self.state = stack(
-                {k: v.to(self.device) for k, v in self.template.items()}, self.num_clients
-            )
+            on_device = tree_map(lambda v: v.to(self.device), self.template)
+            self.state = stack(on_device, self.num_clients)
         return self.state
 
     def take(self, ids: Tensor, device: torch.device | str) -> Tree:
         if not self.template:
             return {}
-        return {k: v.to(device) for k, v in take(self._ensure(), ids.to(self.device)).items()}
+        return tree_map(lambda v: v.to(device), take(self._ensure(), ids.to(self.device)))
 
     def put(self, ids: Tensor, rows: Tree) -> None:
         if rows:
@@ -36,5 +35,5 @@ class ClientStore:
     def nbytes(self) -> int:
         if not self.template:
             return 0
-        per = sum(v.numel() * v.element_size() for v in self.template.values())
+        per = sum(v.numel() * v.element_size() for v in leaves(self.template))
         return per * self.num_clients

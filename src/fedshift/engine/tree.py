@@ -1,37 +1,105 @@
-"""Helpers over flat name → tensor mappings, optionally stacked with a leading client axis.
+"""Helpers over state trees: mappings of names to tensors or to further such mappings,
+optionally stacked with a leading client axis.
 
-Every piece of per-client state in fedshift is such a mapping; these few functions are the
-only tree utilities the engine and the algorithms need.
+Every piece of per-client and server state in fedshift is such a tree: FedAvg's server is
+``{"p": params, "b": buffers}``, pFedMe's client state ``{"pm": personal params}``. The
+engine stacks, slices, averages, checkpoints, counts and sends trees without knowing their
+shape. Where a flat mapping is needed (a checkpoint file, a Flower ``ArrayRecord``)
+:func:`flatten` joins the names of a path with ``/`` (``"p/fc1.weight"``) and
+:func:`unflatten` takes it apart again; model parameter names never contain ``/``. Empty
+sub-trees have no leaves, so a flatten drops them; the engine puts them back from the
+method's own template when it restores a state (:func:`empty_parts_like`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Union
 
 import torch
 from torch import Tensor
 
-Tree = dict[str, Tensor]
+Tree = dict[str, Union[Tensor, "Tree"]]
+SEP = "/"
 
 
-def stack(tree: Mapping[str, Tensor], n: int) -> Tree:
+def is_nested(tree: Mapping) -> bool:
+    """Whether any value of ``tree`` is itself a mapping."""
+    return any(isinstance(v, Mapping) for v in tree.values())
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict[str, Tensor]:
+    """``{"p": {"w": t}}`` → ``{"p/w": t}`` (a flat tree comes back as a new dict of the
+    same items)."""
+    out: dict[str, Tensor] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}{SEP}"))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def unflatten(flat: Mapping[str, Tensor]) -> Tree:
+    """The inverse of :func:`flatten`: every ``/`` in a name opens a level."""
+    out: Tree = {}
+    for k, v in flat.items():
+        *path, leaf = k.split(SEP)
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = v
+    return out
+
+
+def empty_parts_like(tree: Tree, like: Mapping) -> Tree:
+    """``tree`` with the empty sub-trees of ``like`` put back where ``tree`` lacks them
+    (what :func:`unflatten` of a saved state cannot know: a model without buffers keeps
+    its ``"b": {}``)."""
+    for k, v in like.items():
+        if isinstance(v, Mapping):
+            if k not in tree and not flatten(v):  # empty, or sub-trees that are all empty
+                tree[k] = tree_map(lambda t: t, v)
+            elif isinstance(tree.get(k), Mapping):
+                empty_parts_like(tree[k], v)
+    return tree
+
+
+def leaves(tree: Mapping) -> Iterator[Tensor]:
+    for v in tree.values():
+        if isinstance(v, Mapping):
+            yield from leaves(v)
+        else:
+            yield v
+
+
+def tree_map(fn: Callable[[Tensor], Tensor], tree: Mapping) -> Tree:
+    """``fn`` applied to every tensor of ``tree``, the structure kept."""
+    return {k: tree_map(fn, v) if isinstance(v, Mapping) else fn(v) for k, v in tree.items()}
+
+
+def stack(tree: Mapping, n: int) -> Tree:
     """Repeat a single-client tree ``n`` times along a new leading client axis."""
-    return {k: v.detach().unsqueeze(0).expand(n, *v.shape).clone() for k, v in tree.items()}
+    return tree_map(lambda v: v.detach().unsqueeze(0).expand(n, *v.shape).clone(), tree)
 
 
-def take(tree: Mapping[str, Tensor], index: Tensor | slice | int) -> Tree:
+def take(tree: Mapping, index: Tensor | slice | int) -> Tree:
     """Rows ``index`` of every stacked tensor (a copy for tensor indices, a view for slices
     and single rows)."""
-    return {k: v[index] for k, v in tree.items()}
+    return tree_map(lambda v: v[index], tree)
 
 
-def put(tree: Mapping[str, Tensor], index: Tensor, rows: Mapping[str, Tensor]) -> None:
+def put(tree: Mapping, index: Tensor, rows: Mapping) -> None:
     """Write ``rows`` back into the stacked ``tree`` at ``index`` (in place)."""
     for k, v in rows.items():
-        tree[k][index.to(tree[k].device)] = v.to(tree[k].device, tree[k].dtype)
+        if isinstance(v, Mapping):
+            if k in tree or flatten(v):  # an empty part (no buffers) has nothing to write
+                put(tree[k], index, v)
+        else:
+            tree[k][index.to(tree[k].device)] = v.to(tree[k].device, tree[k].dtype)
 
 
-def concat(trees: list[Mapping[str, Tensor]]) -> Tree:
+def concat(trees: list[Mapping]) -> Tree:
     """Concatenate stacked trees along the client axis (chunks of one round); a single
     tree comes back as it is, not copied (a ResNet cohort's copy is a second of memory
     traffic), so a caller that changes the result in place copies first."""
@@ -39,7 +107,16 @@ def concat(trees: list[Mapping[str, Tensor]]) -> Tree:
         return {}
     if len(trees) == 1:
         return dict(trees[0])
-    return {k: torch.cat([t[k] for t in trees]) for k in trees[0]}
+    parts = {k: [t[k] for t in trees] for k in trees[0]}
+    return {k: concat(p) if isinstance(p[0], Mapping) else torch.cat(p) for k, p in parts.items()}
+
+
+def _write_rows(dst: Mapping, src: Mapping, rows: slice) -> None:
+    for k, v in src.items():
+        if isinstance(v, Mapping):
+            _write_rows(dst[k], v, rows)
+        else:
+            dst[k][rows] = v
 
 
 class Rows:
@@ -51,16 +128,15 @@ class Rows:
     def __init__(self, total: int):
         self.total, self.filled, self.tree = total, 0, None
 
-    def add(self, chunk: Mapping[str, Tensor], n: int) -> None:
+    def add(self, chunk: Mapping, n: int) -> None:
         """Append the ``n`` rows of ``chunk`` (an empty tree: a method that uploads nothing)."""
         if self.tree is None:
             if n == self.total:  # the whole round in one chunk
                 self.tree, self.filled = dict(chunk), n
                 return
-            self.tree = {k: v.new_empty((self.total, *v.shape[1:])) for k, v in chunk.items()}
+            self.tree = tree_map(lambda v: v.new_empty((self.total, *v.shape[1:])), chunk)
         with torch.no_grad():
-            for k, v in chunk.items():
-                self.tree[k][self.filled : self.filled + n] = v
+            _write_rows(self.tree, chunk, slice(self.filled, self.filled + n))
         self.filled += n
 
     def result(self) -> Tree:
@@ -70,39 +146,33 @@ class Rows:
 
 
 def select(tree: Mapping[str, Tensor], keep: Callable[[str], bool]) -> Tree:
+    """The entries of a flat tree whose names ``keep`` accepts (a model's head by its
+    module name)."""
     return {k: v for k, v in tree.items() if keep(k)}
 
 
-def with_prefix(tree: Mapping[str, Tensor], prefix: str) -> Tree:
-    return {f"{prefix}{k}": v for k, v in tree.items()}
+def _mean_over_clients(v: Tensor, w: list[float]) -> Tensor:
+    if not v.is_floating_point():
+        return v[0].clone()  # integer buffers (e.g. BN batch counters) are not averaged
+    # accumulated client by client in float64: one read of the stacked tensor, no float64
+    # copy of it (the stacked state of a ResNet-18 cohort is gigabytes)
+    acc = torch.zeros(v.shape[1:], dtype=torch.float64, device=v.device)
+    for i, wi in enumerate(w):
+        acc.add_(v[i], alpha=wi)
+    return acc.to(v.dtype)
 
 
-def strip_prefix(tree: Mapping[str, Tensor], prefix: str) -> Tree:
-    return {k[len(prefix) :]: v for k, v in tree.items() if k.startswith(prefix)}
-
-
-def weighted_mean(stacked: Mapping[str, Tensor], weights: Tensor) -> Tree:
+def weighted_mean(stacked: Mapping, weights: Tensor) -> Tree:
     """Average stacked tensors over the client axis with (unnormalised) ``weights``."""
     w = weights.to(torch.float64)
-    w = w / w.sum()
-    out = {}
-    for k, v in stacked.items():
-        if not v.is_floating_point():
-            out[k] = v[0].clone()  # integer buffers (e.g. BN batch counters) are not averaged
-            continue
-        # accumulated client by client in float64: one read of the stacked tensor, no
-        # float64 copy of it (the stacked state of a ResNet-18 cohort is gigabytes)
-        acc = torch.zeros(v.shape[1:], dtype=torch.float64, device=v.device)
-        for i, wi in enumerate(w.tolist()):
-            acc.add_(v[i], alpha=wi)
-        out[k] = acc.to(v.dtype)
-    return out
+    w = (w / w.sum()).tolist()
+    return tree_map(lambda v: _mean_over_clients(v, w), stacked)
 
 
-def nbytes(tree: Mapping[str, Tensor]) -> int:
+def nbytes(tree: Mapping) -> int:
     """Bytes held by the tensors of a tree (what a message carrying it costs)."""
-    return int(sum(v.numel() * v.element_size() for v in tree.values()))
+    return int(sum(v.numel() * v.element_size() for v in leaves(tree)))
 
 
-def clone(tree: Mapping[str, Tensor]) -> Tree:
-    return {k: v.clone() for k, v in tree.items()}
+def clone(tree: Mapping) -> Tree:
+    return tree_map(lambda v: v.clone(), tree)

@@ -30,7 +30,7 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ..algorithms.base import Payload
-from ..engine.tree import Tree, stack
+from ..engine.tree import Tree, empty_parts_like, flatten, stack, tree_map, unflatten
 from ..errors import FedshiftError
 from ..eval.evaluate import label_counts, prediction_counts
 from ..experiment import Experiment, build_experiment
@@ -86,14 +86,15 @@ def _load_state(exp: Experiment, context: Context, job: str) -> Tree:
     dev = exp.ctx.device
     key = _state_key(job)
     if key in context.state.array_records:
-        return from_record(context.state.array_records[key], dev)
-    return stack({k: v.to(dev) for k, v in template.items()}, 1)
+        return empty_parts_like(from_record(context.state.array_records[key], dev), template)
+    return stack(tree_map(lambda v: v.to(dev), template), 1)
 
 
 def _save_state(exp: Experiment, context: Context, job: str, state: Tree) -> None:
     template = exp.runner.store.template
     if state and template:  # as the in-process store keeps it: the template's dtypes
-        state = {k: v.to(template[k].dtype) for k, v in state.items()}
+        like = flatten(template)
+        state = unflatten({k: v.to(like[k].dtype) for k, v in flatten(state).items()})
         context.state[_state_key(job)] = to_record(state)
 
 
@@ -146,7 +147,9 @@ def train(message: Message, context: Context) -> Message:
     arrays = message.content.array_records
     if "broadcast" not in arrays:  # not sampled: update_unsampled on the server state
         t0 = time.perf_counter()
-        server = from_record(arrays.get("server", ArrayRecord()), dev)
+        server = empty_parts_like(
+            from_record(arrays.get("server", ArrayRecord()), dev), exp.runner.server
+        )
         state = exp.algorithm.update_unsampled(server, _load_state(exp, context, job), cohort)
         _save_state(exp, context, job, state)
         timings = _timings(t_enter, time.perf_counter() - t0)
@@ -180,6 +183,7 @@ def evaluate(message: Message, context: Context) -> Message:
     ctx = exp.ctx
     cohort = ctx.cohort(torch.tensor([cid]), round_)
     server = from_record(message.content.array_records.get("server", ArrayRecord()), ctx.device)
+    server = empty_parts_like(server, exp.runner.server)  # the method's init: its empty parts
     pred = exp.algorithm.predictor(server, _load_state(exp, context, job), cohort)
     counts: dict[str, list[int]] = {}
     k = exp.data.num_classes

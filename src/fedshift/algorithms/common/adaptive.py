@@ -15,7 +15,8 @@ Choices where the paper is silent or where we add to it: m and v start at 0 (Alg
 allows v_{−1} ≥ τ²; τ in the denominator keeps the first step finite); ``server_bias_correction``
 adds Adam's 1/(1 − β^t) corrections (FedAdam only), which makes FedAdam with one full-batch
 local step of lr 1 exactly centralised full-batch ``torch.optim.Adam`` (ε = τ; tested).
-Only parameters (``p/`` keys) take the adaptive step; buffers (``b/``) are averaged.
+Only parameters (the server state's ``p``) take the adaptive step; buffers (``b``) are
+averaged. The optimiser's moments live under ``opt``: ``{"m": {"p": …}, "v": {"p": …}, "k"}``.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ...engine.contract import Tree, strip_prefix, with_prefix
+from ...engine.contract import Tree
 from ...options import opt, require
 
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults
 SERVER_OPTS = ("sgd", "adam", "yogi", "adagrad")
-OPT_PREFIX = "opt/"  # server-state keys of the optimiser (never broadcast)
+OPT = "opt"  # the server state's optimiser sub-tree (never broadcast)
 
 
 def adaptive_step(
@@ -94,18 +95,17 @@ class ServerOptHyper:
 
 
 def server_opt_state(hp: ServerOptHyper, model: Tree) -> Tree:
-    """Initial optimiser state for the ``p/`` entries of ``model`` ({} for sgd)."""
+    """Initial optimiser state for the parameters (``model["p"]``) of ``model`` ({} for
+    sgd): ``{"opt": {"m": {"p": …}, "v": {"p": …}, "k": steps}}``."""
     if not hp.scale_free:
         return {}
-    params = {k: v for k, v in model.items() if k.startswith("p/")}
-    zeros = {k: torch.zeros_like(v) for k, v in params.items()}
-    moments = {**with_prefix(zeros, "m/"), **with_prefix(zeros, "v/"), "k": torch.zeros(())}
-    return with_prefix(moments, OPT_PREFIX)
+    zeros = {k: torch.zeros_like(v) for k, v in model["p"].items()}
+    return {OPT: {"m": {"p": zeros}, "v": {"p": dict(zeros)}, "k": torch.zeros(())}}
 
 
 def model_entries(server: Tree) -> Tree:
     """The server state without the optimiser's entries (what clients receive)."""
-    return {k: v for k, v in server.items() if not k.startswith(OPT_PREFIX)}
+    return {k: v for k, v in server.items() if k != OPT}
 
 
 def server_update(hp: ServerOptHyper, server: Tree, average: Tree) -> Tree:
@@ -113,18 +113,17 @@ def server_update(hp: ServerOptHyper, server: Tree, average: Tree) -> Tree:
     if hp.server_opt == "sgd":
         if hp.server_lr == 1.0:
             return average  # FedAvg exactly, without x + (avg − x) rounding
-        return {
-            k: server[k] + hp.server_lr * (a - server[k]) if k.startswith("p/") else a
-            for k, a in average.items()
-        }
-    state = strip_prefix(server, OPT_PREFIX)
-    x = {k: server[k] for k in average if k.startswith("p/")}
-    g = {k: x[k] - average[k] for k in x}  # pseudo-gradient −Δ_t
+        x = server["p"]
+        stepped = {n: x[n] + hp.server_lr * (a - x[n]) for n, a in average["p"].items()}
+        return {k: stepped if k == "p" else a for k, a in average.items()}
+    state = server[OPT]
+    x = {n: server["p"][n] for n in average["p"]}
+    g = {n: x[n] - average["p"][n] for n in x}  # pseudo-gradient −Δ_t
     x, m, v, k = adaptive_step(
         x,
         g,
-        strip_prefix(state, "m/"),
-        strip_prefix(state, "v/"),
+        state["m"]["p"],
+        state["v"]["p"],
         state["k"],
         hp.server_lr,
         betas=(hp.server_beta1, hp.server_beta2),
@@ -132,5 +131,4 @@ def server_update(hp: ServerOptHyper, server: Tree, average: Tree) -> Tree:
         rule=hp.server_opt,
         bias_correction=hp.server_bias_correction and hp.server_opt == "adam",
     )
-    moments = {**with_prefix(m, "m/"), **with_prefix(v, "v/"), "k": k}
-    return {**average, **x, **with_prefix(moments, OPT_PREFIX)}
+    return {**average, "p": x, OPT: {"m": {"p": m}, "v": {"p": v}, "k": k}}

@@ -25,10 +25,10 @@ def class_feature_sums(
     with ``outer`` also Σ Φ(x)Φ(x)ᵀ over all of them. ``groups`` (default: the classes) is
     the number of distinct labels in ``y`` when it holds another grouping.
 
-    ``model`` holds ``p/…`` parameters and ``b/…`` buffers (the extractor's are used).
+    ``model`` is a model state ``{"p": parameters, "b": buffers}`` (the extractor's are
+    used; an empty part may be absent).
     """
-    params = {k[2:]: v for k, v in model.items() if k.startswith("p/")}
-    buffers = {k[2:]: v for k, v in model.items() if k.startswith("b/")}
+    params, buffers = model.get("p", {}), model.get("b", {})
     z = features(ctx, params, buffers, x)
     onehot = F.one_hot(y, groups or ctx.data.num_classes).to(z.dtype) * mask.unsqueeze(1)
     out = {"count": onehot.sum(0), "sum": onehot.T @ z, "sq": onehot.T @ (z**2).sum(1)}

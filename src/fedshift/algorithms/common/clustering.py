@@ -15,10 +15,13 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import silhouette_score
 from torch import Tensor
 
+from ...engine.contract import leaves
+
 
 def flatten_rows(stacked: Mapping[str, Tensor]) -> np.ndarray:
-    """[P, d] float64 matrix: row i = all floating tensors of client i concatenated."""
-    parts = [v.detach().reshape(v.shape[0], -1) for v in stacked.values() if v.is_floating_point()]
+    """[P, d] float64 matrix: row i = all floating tensors of client i concatenated (a nested
+    tree in its flattened order)."""
+    parts = [v.detach().reshape(v.shape[0], -1) for v in leaves(stacked) if v.is_floating_point()]
     return torch.cat(parts, 1).double().cpu().numpy()
 
 

@@ -1,20 +1,22 @@
 """Shared pieces of methods that keep one global model on the server (FedAvg and kin).
 
-Server state keys: ``p/<name>`` for parameters and ``b/<name>`` for buffers.
+Server state: ``{"p": parameters, "b": buffers}`` (the model's own names inside).
 """
 
 from __future__ import annotations
 
-from ...engine.contract import Tree, stack, strip_prefix, weighted_mean, with_prefix
+from ...engine.contract import Tree, stack, weighted_mean
 from ..base import Algorithm, Payload, Prediction, RoundInfo
 
 
 def model_state(params: Tree, buffers: Tree) -> Tree:
-    return {**with_prefix(params, "p/"), **with_prefix(buffers, "b/")}
+    return {"p": dict(params), "b": dict(buffers)}
 
 
 def split_state(state: Tree) -> tuple[Tree, Tree]:
-    return strip_prefix(state, "p/"), strip_prefix(state, "b/")
+    """(parameters, buffers) of a model state; a model without buffers has no ``b`` after a
+    checkpoint (an empty sub-tree has nothing to save)."""
+    return dict(state.get("p", {})), dict(state.get("b", {}))
 
 
 class GlobalModelAlgorithm(Algorithm):

@@ -11,7 +11,7 @@ is per client, so results do not depend on the cohort size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -65,8 +65,23 @@ def client_sums(
         out = batched(
             per_client, shared or {}, split.x[rows.to(dev)], y[rows.to(dev)], mask.to(dev)
         )
-        total = out if not total else {k: total[k] + v for k, v in out.items()}
+        total = out if not total else _add(total, out)
     return total
+
+
+def _add(a: Mapping, b: Mapping) -> Tree:
+    """a + b entry by entry (nested trees walked)."""
+    return {k: _add(a[k], v) if isinstance(v, Mapping) else a[k] + v for k, v in b.items()}
+
+
+def _stack_steps(trees: list[Mapping]) -> Tree:
+    """Per entry, the trees' tensors stacked along a new axis 1 (nested trees walked)."""
+    return {
+        k: _stack_steps([t[k] for t in trees])
+        if isinstance(v, Mapping)
+        else torch.stack([t[k] for t in trees], 1)
+        for k, v in trees[0].items()
+    }
 
 
 def client_rows(
@@ -131,4 +146,4 @@ def step_gradients(
         out.append(
             per_client(params, stack(buffers, c), split.x[rows], split.y[rows], weight[:, s])
         )
-    return {k: torch.stack([o[k] for o in out], 1) for k in out[0]} if out else {}
+    return _stack_steps(out) if out else {}

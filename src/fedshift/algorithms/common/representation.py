@@ -9,18 +9,19 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from ...engine.contract import Tree, sample_mean, strip_prefix
+from ...engine.contract import Tree, sample_mean
+from .split import submodule
 
 
 def features(model, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
     """Φ(x): the model's extractor as a pure function of the ``extractor.*`` tensors."""
-    sub = (strip_prefix(params, "extractor."), strip_prefix(buffers, "extractor."))
+    sub = (submodule(params, "extractor"), submodule(buffers, "extractor"))
     return functional_call(model.extractor, sub, (x,))
 
 
 def head(model, params: Tree, buffers: Tree, z: Tensor) -> Tensor:
     """ω(z): the model's classifier head as a pure function of the ``head.*`` tensors."""
-    sub = (strip_prefix(params, "head."), strip_prefix(buffers, "head."))
+    sub = (submodule(params, "head"), submodule(buffers, "head"))
     return functional_call(model.head, sub, (z,))
 
 

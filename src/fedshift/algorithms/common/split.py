@@ -10,10 +10,18 @@ from __future__ import annotations
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from ...engine.contract import Context, Tree, strip_prefix
+from ...engine.contract import Context, Tree
 from ...options import require
 
 EXTRACTOR, HEAD = "extractor.", "head."
+
+
+def submodule(tree: Tree, name: str) -> Tree:
+    """The entries of a model parameter/buffer dict under submodule ``name``, that prefix
+    removed: ``submodule({"extractor.fc1.weight": w, "head.weight": h}, "extractor")`` →
+    ``{"fc1.weight": w}``."""
+    prefix = f"{name}."
+    return {k[len(prefix) :]: v for k, v in tree.items() if k.startswith(prefix)}
 
 
 def is_head(name: str) -> bool:
@@ -26,7 +34,7 @@ def is_extractor(name: str) -> bool:
 
 def features(ctx: Context, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
     """Φ(x): the extractor alone, with the extractor's parameters and buffers."""
-    own = {**strip_prefix(params, EXTRACTOR), **strip_prefix(buffers, EXTRACTOR)}
+    own = {**submodule(params, "extractor"), **submodule(buffers, "extractor")}
     return functional_call(ctx.model.extractor, own, (x,))
 
 
