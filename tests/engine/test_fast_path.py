@@ -9,10 +9,11 @@ from toy import toy_data
 
 import fedshift as fs
 from fedshift.algorithms.common.losses import cross_entropy
+from fedshift.engine import local
 from fedshift.engine.contract import Algorithm
 from fedshift.engine.fused import FusedMLPStep, declares_plain_cross_entropy, mlp_layers
 from fedshift.engine.sgd import SGDConfig
-from fedshift.engine.tree import stack
+from fedshift.engine.tree import flatten, stack
 from fedshift.experiment import build_experiment
 from fedshift.models import build_model
 
@@ -254,7 +255,6 @@ def test_written_gradients_train_as_autograd(monkeypatch, algorithm):
     inner problem use the MLP risk's gradient written out; the runs equal autograd's to
     float rounding."""
     from fedshift.algorithms.pfedme import PFedMe
-    from fedshift.engine import local
 
     options = {"mu": 0.5} if algorithm == "fedprox" else {}
     settings = dict(SETTINGS, rounds=2, model_options={"hidden": [16]}, lr=0.05)
@@ -276,6 +276,48 @@ def test_written_gradients_train_as_autograd(monkeypatch, algorithm):
     autograd = run()
     for k, v in autograd.result.server.items():
         torch.testing.assert_close(written.result.server[k], v, rtol=1e-4, atol=1e-5, msg=k)
+    torch.testing.assert_close(written.result.accuracy, autograd.result.accuracy)
+
+
+@pytest.mark.parametrize("hidden", [[16], [16, 8]])
+def test_fedsr_written_gradient_is_autograds_under_vmap(hidden):
+    """FedSR's whole objective (risk of ω(z), L2R, the CMI bound with its learned reference
+    Gaussians and scale) differentiated by hand, against autograd, on a short batch and
+    at a point away from the initialisation."""
+    data = toy_data()
+    cfg = fs.make_config(algorithm="fedsr", **dict(SETTINGS, model_options={"hidden": hidden}))
+    alg = build_experiment(cfg, data=data).algorithm
+    assert alg.extractor() is not None and local.written_gradient(alg.loss) is not None
+    server = alg.init()
+    one = {**server["p"], **alg.init_client_state(server)["p"]}
+    params = {k: v + 0.2 * torch.randn_like(v) for k, v in stack(one, 3).items()}
+    params["fedsr.scale"] = params["fedsr.scale"].abs() + 0.5  # C > 0 as training keeps it
+    x = torch.randn(3, 9, *data.input_shape)
+    y = torch.randint(0, data.num_classes, (3, 9))
+    w = torch.ones(3, 9)
+    w[2, 5:] = 0  # a short batch
+    extras = {"eps": torch.randn(3, 9, alg.dim)}
+    grads, value = torch.func.vmap(alg.loss_gradient, in_dims=(0, None, 0, 0, 0, 0))(
+        params, {}, extras, x, y, w
+    )
+    want = torch.func.vmap(torch.func.grad(alg.loss), in_dims=(0, None, 0, 0, 0, 0))(
+        params, {}, extras, x, y, w
+    )
+    loss = torch.func.vmap(alg.loss, in_dims=(0, None, 0, 0, 0, 0))(params, {}, extras, x, y, w)
+    torch.testing.assert_close(value, loss)
+    assert sorted(grads) == sorted(params)
+    for k in params:
+        torch.testing.assert_close(grads[k], want[k], rtol=1e-4, atol=1e-6, msg=k)
+
+
+def test_fedsr_written_gradient_trains_as_autograd(monkeypatch):
+    settings = dict(SETTINGS, rounds=2, model_options={"hidden": [16]}, lr=0.05)
+    written = fs.run(algorithm="fedsr", data=toy_data(), **settings)
+    monkeypatch.setattr(local, "written_gradient", lambda loss: None)
+    autograd = fs.run(algorithm="fedsr", data=toy_data(), **settings)
+    got = flatten(written.result.server)
+    for k, v in flatten(autograd.result.server).items():
+        torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=k)
     torch.testing.assert_close(written.result.accuracy, autograd.result.accuracy)
 
 

@@ -11,7 +11,8 @@ keeps them outside the ``model`` whose state_dict ``communicate`` averages. The 
 averages Φ, A and ω uniformly over the participants, as that ``communicate`` does
 (sum / number of clients). Defaults α_L2R = 1e-2, α_CMI = 5e-4 (authors' code).
 Choices: one sample z = μ + σ·ε per example (ε from the engine's per-client seeded noise);
-L2R as the mean Euclidean norm of z (authors' code); evaluation with z = μ, so the
+L2R as the mean Euclidean norm of z (authors' code); for an MLP the loss's gradient is
+written out (``loss_gradient``, tested against autograd); evaluation with z = μ, so the
 evaluated model is Φ with head ω∘A_μ folded into one Linear layer; A initialised like
 nn.Linear from the run seed, r_μ = 0, r_σ_raw = 1, C = 1 (authors' initialisation).
 """
@@ -23,7 +24,14 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, stack, torch_seed, weighted_mean
+from ..engine.contract import (
+    Tree,
+    gradient_by,
+    mlp_extractor,
+    stack,
+    torch_seed,
+    weighted_mean,
+)
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -88,6 +96,63 @@ class FedSR(FedAvg):
         )
         return out[..., : self.dim], F.softplus(out[..., self.dim :])
 
+    def extractor(self):
+        """Φ as forward/backward functions when the model is an MLP, else ``None``."""
+        if not hasattr(self, "_extractor"):
+            self._extractor = mlp_extractor(self.ctx.model)
+        return self._extractor
+
+    def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``loss`` and its gradient written out for an MLP: ω(z) and the two regularisers
+        back to z = μ + σ·ε, through σ = softplus and the rep layer A to Φ(x), then the
+        extractor's backward. For small models autograd's fixed cost is most of a step."""
+        ext, d, k = self.extractor(), self.dim, self.ctx.data.num_classes
+        phi, cache = ext.forward(params, x)
+        rep_w, rep_b = params["fedsr.rep.weight"], params["fedsr.rep.bias"]
+        out = phi @ rep_w.T + rep_b
+        mu, raw = out[..., :d], out[..., d:]
+        sigma = F.softplus(raw)
+        eps = extras["eps"][: x.shape[0]]
+        z = mu + sigma * eps
+        head_w = params["head.weight"]
+        logits = z @ head_w.T + params["head.bias"]
+        scale = w / w.sum().clamp(min=1.0)  # per-sample weight of every mean below
+        logp = torch.log_softmax(logits, -1)
+        target = (y[:, None] == torch.arange(k, device=y.device)).to(logits.dtype)
+        risk = -(scale * (logp * target).sum(-1)).sum()
+        delta = (logp.exp() - target) * scale[:, None]  # ∂risk/∂logits
+        norm = z.norm(dim=-1)
+        unit = torch.where(norm[:, None] > 0, z / norm.clamp(min=1e-30)[:, None], 0.0)
+        dz = delta @ head_w + (self.hp.l2r * scale)[:, None] * unit
+        # KL(N(Cμ, (Cσ)²) ‖ N(r_μ[y], r_σ[y]²)) per dimension, and its partial derivatives
+        c = params["fedsr.scale"]
+        ref_mu = params["fedsr.ref_mu"][y]
+        ref_raw = params["fedsr.ref_sigma"][y]
+        ref_sigma = F.softplus(ref_raw)
+        m, s = mu * c, sigma * c
+        gap = m - ref_mu
+        kl = torch.log(ref_sigma) - torch.log(s) + (s**2 + gap**2) / (2 * ref_sigma**2) - 0.5
+        weight = (self.hp.cmi * scale)[:, None]
+        d_m = weight * gap / ref_sigma**2
+        d_s = weight * (s / ref_sigma**2 - 1 / s)
+        d_ref_sigma = weight * (1 / ref_sigma - (s**2 + gap**2) / ref_sigma**3)
+        d_out = torch.cat([dz + d_m * c, (dz * eps + d_s * c) * torch.sigmoid(raw)], -1)
+        grads = ext.backward(params, cache, d_out @ rep_w)
+        grads.update(
+            {
+                "fedsr.rep.weight": d_out.T @ phi,
+                "fedsr.rep.bias": d_out.sum(0),
+                "head.weight": delta.T @ z,
+                "head.bias": delta.sum(0),
+                "fedsr.ref_mu": target.T @ -d_m,
+                "fedsr.ref_sigma": target.T @ (d_ref_sigma * torch.sigmoid(ref_raw)),
+                "fedsr.scale": (d_m * mu).sum() + (d_s * sigma).sum(),
+            }
+        )
+        cmi = (kl.sum(-1) * scale).sum()
+        return grads, risk + self.hp.l2r * (norm * scale).sum() + self.hp.cmi * cmi
+
+    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         mu, sigma = self.distribution(params, buffers, x)
         z = mu + sigma * extras["eps"][: x.shape[0]]

@@ -52,7 +52,7 @@ from ..data.federated import FederatedData
 from ..models.base import FedModel
 from .context import Cohort, Context
 from .execution import single_threaded
-from .fused import mlp_risk_gradient, plain_cross_entropy
+from .fused import mlp_extractor, mlp_risk_gradient, plain_cross_entropy
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, gradient_by, sample_mean
 from .rng import generator, torch_seed
@@ -89,6 +89,7 @@ __all__ = [
     "generator",
     "leaves",
     "gradient_by",
+    "mlp_extractor",
     "mlp_risk_gradient",
     "put",
     "sample_mean",

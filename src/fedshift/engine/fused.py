@@ -259,3 +259,48 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
         return grads, loss
 
     return gradient
+
+
+@dataclass(frozen=True)
+class MLPExtractor:
+    """The extractor Φ of an MLP as two pure functions for ONE client (vmappable), for
+    methods that put their own terms between Φ(x) and the loss and write the gradient out
+    (FedSR's stochastic representation): ``forward(params, x) -> (Φ(x), cache)`` and
+    ``backward(params, cache, dΦ) -> ∇ of the extractor's parameters``."""
+
+    layers: tuple[Layer, ...]
+
+    def forward(self, params: Tree, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        a = x.reshape(x.shape[0], -1)
+        inputs = []  # input of each layer, then Φ(x)
+        for layer in self.layers:
+            inputs.append(a)
+            a = a @ params[layer.weight].T
+            if layer.bias is not None:
+                a = a + params[layer.bias]
+            if layer.relu:
+                a = a.clamp_min(0)
+        return a, [*inputs, a]
+
+    def backward(self, params: Tree, cache: list[Tensor], delta: Tensor) -> Tree:
+        grads: Tree = {}
+        for i in range(len(self.layers) - 1, -1, -1):
+            layer = self.layers[i]
+            if layer.relu:  # ReLU's backward, as autograd computes it (output > 0)
+                delta = torch.where(cache[i + 1] > 0, delta, torch.zeros_like(delta))
+            grads[layer.weight] = delta.T @ cache[i]
+            if layer.bias is not None:
+                grads[layer.bias] = delta.sum(0)
+            if i > 0:
+                delta = delta @ params[layer.weight]
+        return grads
+
+
+def mlp_extractor(model: nn.Module) -> MLPExtractor | None:
+    """Φ of an MLP the fused step handles whose head is one Linear layer, else ``None``."""
+    layers = mlp_layers(model)
+    if layers is None or any(True for _ in model.buffers()) or len(layers) < 2:
+        return None
+    if not layers[-1].weight.startswith("head."):  # a head of several layers
+        return None
+    return MLPExtractor(tuple(layers[:-1]))
