@@ -424,16 +424,25 @@ def test_fedsdr_written_environment_gradient_is_autograds():
         env_risk_gradient = SD.env_risk_gradient
 
     g = torch.Generator().manual_seed(0)
-    e, k, d, b = 3, 4, 5, 11
-    params = {"env.weight": torch.randn(e, k, d, generator=g), "env.bias": torch.randn(e, k)}
-    z, y = torch.randn(b, d, generator=g), torch.randint(0, k, (b,), generator=g)
-    w = torch.ones(b)
-    w[-2:] = 0  # empty slots of a short batch
-    extras = {"env": torch.tensor([0, 1, 1, 0, 0, 1, 0, 1, 1, 2, 2])}  # env 2 only in padding
+    c, e, k, d, b = 2, 3, 4, 5, 11  # a cohort of two clients: the gradient is batched
+    params = {
+        "env.weight": torch.randn(c, e, k, d, generator=g),
+        "env.bias": torch.randn(c, e, k, generator=g),
+    }
+    z, y = torch.randn(c, b, d, generator=g), torch.randint(0, k, (c, b), generator=g)
+    w = torch.ones(c, b)
+    w[0, -2:] = 0  # empty slots of a short batch
+    env = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1, 1, 2, 2])  # client 0: env 2 only in padding
+    extras = {"env": torch.stack([env, env.flip(0)])}
     heads = Heads()
     grads, loss = heads.env_risk_gradient(params, {}, extras, z, y, w)
-    want = torch.func.grad(heads.env_risk)(params, {}, extras, z, y, w)
-    torch.testing.assert_close(loss, heads.env_risk(params, {}, extras, z, y, w))
+    per_client = (0, None, 0, 0, 0, 0)
+    want = torch.func.vmap(torch.func.grad(heads.env_risk), in_dims=per_client)(
+        params, {}, extras, z, y, w
+    )
+    risk = torch.func.vmap(heads.env_risk, in_dims=per_client)(params, {}, extras, z, y, w)
+    torch.testing.assert_close(loss, risk)
     for key in params:
         torch.testing.assert_close(grads[key], want[key])
-    assert grads["env.weight"][2].abs().max() == 0  # no real sample of environment 2
+    assert grads["env.weight"][0, 2].abs().max() == 0  # no real sample of environment 2
+    assert grads["env.weight"][1, 2].abs().max() > 0

@@ -146,20 +146,24 @@ class ShortcutDiscovery(SignatureView):
         return self.env_risk(params, buffers, extras, z, y, w)
 
     def env_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
-        """∇ of ``env_risk`` written out (softmax − one-hot, weighted per environment): the
-        step is a linear head on fixed features, where autograd's fixed cost is most of it."""
-        logits = self.env_logits(params, z)  # [E, B, K]
-        e, k = logits.shape[0], logits.shape[2]
-        mask = one_hot(extras["env"], e, w.dtype).T * w  # [E, B]
-        scale = mask / mask.sum(1, keepdim=True).clamp(min=1.0)  # [E, B]
+        """∇ of ``env_risk`` written out for the whole cohort at once (softmax − one-hot,
+        weighted per environment; tensors [C, …]): the step is a linear head on fixed
+        features, where autograd's and vmap's fixed costs are most of it."""
+        weight, bias = params["env.weight"], params["env.bias"]  # [C, E, K, d], [C, E, K]
+        e, k = weight.shape[1], weight.shape[2]
+        logits = torch.einsum("cbd,cekd->cebk", z, weight) + bias[:, :, None]  # [C, E, B, K]
+        env = extras["env"]  # [C, B]
+        mask = (env[:, None, :] == torch.arange(e, device=env.device)[:, None]).to(w.dtype)
+        mask = mask * w[:, None, :]  # [C, E, B]
+        scale = mask / mask.sum(2, keepdim=True).clamp(min=1.0)
         logp = torch.log_softmax(logits, -1)
-        target = one_hot(y, k, logits.dtype)  # [B, K]
-        loss = -(scale * (logp * target).sum(-1)).sum()
-        delta = (logp.exp() - target) * scale[..., None]  # ∂loss/∂logits [E, B, K]
-        grads = {"env.weight": torch.einsum("ebk,bd->ekd", delta, z), "env.bias": delta.sum(1)}
+        target = (y[..., None] == torch.arange(k, device=y.device)).to(logits.dtype)[:, None]
+        loss = -(scale * (logp * target).sum(-1)).sum((1, 2))
+        delta = (logp.exp() - target) * scale[..., None]  # ∂loss/∂logits [C, E, B, K]
+        grads = {"env.weight": torch.einsum("cebk,cbd->cekd", delta, z), "env.bias": delta.sum(2)}
         return grads, loss
 
-    @gradient_by(env_risk_gradient)
+    @gradient_by(env_risk_gradient, batched=True)
     def env_risk(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
         """Eq. 4.6 on the features z = Ψ(x) (computed once per iteration: Ψ is fixed)."""
         logits = self.env_logits(params, z)  # [E, B, K]

@@ -73,6 +73,7 @@ def on_flat_trees(loss_fn: LossFn) -> LossFn:
             return flatten(grads), value
 
         loss.gradient = gradient
+        loss.gradient_batched = getattr(loss_fn, "gradient_batched", False)
     loss.__qualname__ = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
     loss.single_threaded = getattr(loss_fn, "single_threaded", False)
     return loss
@@ -247,6 +248,10 @@ class LocalTrainer:
             return loss, loss
 
         written = written_gradient(loss_fn)
+        if written is not None and getattr(loss_fn, "gradient_batched", False):
+            fn = self._batched_written_step(written, batched)
+            self._steps[key] = fn
+            return fn
 
         def step(trained, frozen, buffers, shared, per_client, x, y, w):
             if written is not None:
@@ -267,6 +272,31 @@ class LocalTrainer:
             fn = torch.compile(fn, dynamic=False)
         self._steps[key] = fn
         return fn
+
+    @staticmethod
+    def _batched_written_step(written, batched: bool):
+        """The step of a gradient written for the whole cohort (``gradient_by(batched=True)``):
+        called on the stacked tensors as they are, shared extras given the client axis; the
+        un-batched (client after client) step gives each tensor a client axis of one."""
+
+        def step(trained, frozen, buffers, shared, per_client, x, y, w):
+            n = x.shape[0]
+            extras = {**{k: v.expand(n, *v.shape) for k, v in shared.items()}, **per_client}
+            grads, loss = written({**frozen, **trained}, buffers, extras, x, y, w)
+            return {k: grads[k] for k in trained}, loss
+
+        if batched:
+            return step
+
+        def one(trained, frozen, buffers, shared, per_client, x, y, w):
+            def add(t):
+                return {k: v.unsqueeze(0) for k, v in t.items()}
+
+            args = (add(trained), add(frozen), add(buffers), shared, add(per_client))
+            grads, loss = step(*args, x[None], y[None], w[None])
+            return {k: v[0] for k, v in grads.items()}, loss[0]
+
+        return one
 
     def _runs_sequential(
         self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...], call: _Call, width: int

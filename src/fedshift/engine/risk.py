@@ -20,17 +20,24 @@ def cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
     return sample_mean(F.cross_entropy(logits, y, reduction="none"), w)
 
 
-def gradient_by(gradient: Callable, when: Callable | None = None) -> Callable:
+def gradient_by(
+    gradient: Callable, when: Callable | None = None, batched: bool = False
+) -> Callable:
     """Mark a loss with its gradient written out: ``gradient(params, buffers, extras, x, y,
     w) -> (gradient of every params entry, loss)`` for one client's batch, which the engine
     calls in place of autograd of the loss. For small steps (a linear head on fixed
     features) autograd's and vmap's fixed cost per step is most of the step; a test must
     check the written gradient against autograd's. For a method's loss, ``when(self)`` says
-    whether the written gradient applies (e.g. only for an MLP); otherwise autograd runs."""
+    whether the written gradient applies (e.g. only for an MLP); otherwise autograd runs.
+    ``batched=True``: ``gradient`` takes the whole cohort's stacked tensors (a leading
+    client axis on every argument, shared extras included) and returns stacked gradients and
+    a loss per client; the engine then calls it without ``vmap`` (whose per-operation cost
+    is most of a tiny step: FedSDR's environment classifiers, 0.67 → 0.28 ms a step)."""
 
     def mark(loss: Callable) -> Callable:
         loss.gradient = gradient
         loss.gradient_when = when
+        loss.gradient_batched = batched
         return loss
 
     return mark
