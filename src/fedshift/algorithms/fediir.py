@@ -10,7 +10,9 @@ the authors' code was not published). Choices: each client measures ∇_ω R_i a
 it received, on all its training data, and uploads it with its model; the server sets
 ḡ ← 0.95·ḡ + 0.05·(n-weighted mean), starting from the first mean, and sends ḡ next
 round (one exchange per round, so ḡ lags one round); round 0 trains without the penalty.
-γ = 0 → FedAvg (tested).
+γ = 0 → FedAvg (tested). For an MLP the objective's gradient is written out (the penalty's
+second-order term through the softmax in closed form; tested against autograd's double
+back-prop).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, select, weighted_mean
+from ..engine.contract import Tree, gradient_by, mlp_extractor, select, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.alignment import classifier_gradient, gradient_alignment_penalty
@@ -49,6 +51,41 @@ class FedIIR(FedAvg):
         zeros = {k: torch.zeros_like(v) for k, v in head.items()}
         return {**super().init(), "gbar": zeros, "has_gbar": torch.zeros(())}
 
+    def extractor(self):
+        """Φ as forward/backward functions when the model is an MLP, else ``None``."""
+        if not hasattr(self, "_extractor"):
+            self._extractor = mlp_extractor(self.ctx.model)
+        return self._extractor
+
+    def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``loss`` and its gradient for an MLP. With s_b = w_b / Σw, p = softmax(ω(z)) and
+        δ = s·(p − onehot) (so G = δᵀz, Σ_b δ_b is ∇_ω R), E = G − ḡ, the penalty ‖E‖²
+        has ∂/∂z = 2δE_W and ∂/∂logits_b = s_b(p_b ⊙ M_b − p_b(p_b·M_b)) with
+        M_b = 2(E_W z_b + e_b) (the softmax's Jacobian), then the usual chain to ω and z."""
+        ext, k = self.extractor(), self.ctx.data.num_classes
+        z, cache = ext.forward(params, x)
+        head_w, head_b = params["head.weight"], params["head.bias"]
+        logits = z @ head_w.T + head_b
+        scale = w / w.sum().clamp(min=1.0)
+        logp = torch.log_softmax(logits, -1)
+        p = logp.exp()
+        target = (y[:, None] == torch.arange(k, device=y.device)).to(logits.dtype)
+        risk = -(scale * (logp * target).sum(-1)).sum()
+        delta = (p - target) * scale[:, None]
+        gbar, weight = extras["gbar"], extras["weight"]
+        e_w = delta.T @ z - gbar["head.weight"]
+        e_b = delta.sum(0) - gbar["head.bias"]
+        penalty = (e_w**2).sum() + (e_b**2).sum()
+        m = 2 * (z @ e_w.T + e_b)  # [B, K]
+        jac = scale[:, None] * (p * m - p * (p * m).sum(-1, keepdim=True))
+        d_logits = delta + weight * jac
+        d_z = d_logits @ head_w + weight * 2 * (delta @ e_w)
+        grads = ext.backward(params, cache, d_z)
+        grads["head.weight"] = d_logits.T @ z
+        grads["head.bias"] = d_logits.sum(0)
+        return grads, risk + weight * penalty
+
+    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         z = features(self.ctx, params, buffers, x)
         head = select(params, is_head)
