@@ -358,6 +358,58 @@ def test_fediir_written_gradient_trains_as_autograd(monkeypatch):
         torch.testing.assert_close(got[k], v, rtol=1e-4, atol=1e-5, msg=k)
 
 
+def test_fedpin_written_global_gradient_is_autograds():
+    """FedPIN's L_g^u (ω_g's risk scaled by 1+α, Φ_g's reversed step against ω_a, ω_a's own
+    risk on detached features) differentiated by hand, against autograd; not taken for the
+    forms it does not cover (fitting steps, floor)."""
+    data = toy_data()
+    cfg = fs.make_config(algorithm="fedpin", **dict(SETTINGS, model_options={"hidden": [16, 8]}))
+    alg = build_experiment(cfg, data=data).algorithm
+    assert local.written_gradient(alg.global_loss) is not None
+    server = alg.init()
+    model = stack(server["p"], 3)
+    d, k = alg.ctx.model.feature_dim, data.num_classes
+    aux = {
+        "aux.weight": torch.randn(3, k, d),
+        "aux.bias": torch.randn(3, k),
+        "aux.client_weight": 0.1 * torch.randn(3, k, d),
+        "aux.client_bias": 0.1 * torch.randn(3, k),
+    }
+    params = {**{n: v + 0.3 * torch.randn_like(v) for n, v in model.items()}, **aux}
+    x = torch.randn(3, 9, *data.input_shape)
+    y = torch.randint(0, data.num_classes, (3, 9))
+    w = torch.ones(3, 9)
+    w[0, 7:] = 0
+    extras = {"alpha": torch.tensor(2.5)}
+    dims = (0, None, {"alpha": None}, 0, 0, 0)
+    grads, value = torch.func.vmap(alg.global_gradient, in_dims=dims)(params, {}, extras, x, y, w)
+    want = torch.func.vmap(torch.func.grad(alg.global_loss), in_dims=dims)(
+        params, {}, extras, x, y, w
+    )
+    loss = torch.func.vmap(alg.global_loss, in_dims=dims)(params, {}, extras, x, y, w)
+    torch.testing.assert_close(value, loss)
+    assert sorted(grads) == sorted(params)
+    for name in params:
+        torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+    for other in ({"floor": True}, {"aux_steps": 2}):
+        cfg = fs.make_config(algorithm="fedpin", algorithm_options=other, **SETTINGS)
+        assert (
+            local.written_gradient(build_experiment(cfg, data=data).algorithm.global_loss) is None
+        )
+
+
+def test_fedpin_written_global_gradient_trains_as_autograd(monkeypatch):
+    settings = dict(SETTINGS, rounds=3, model_options={"hidden": [16]}, lr=0.05)
+    options = {"alpha": 2.0, "anneal_rounds": 1}
+    written = fs.run(algorithm="fedpin", data=toy_data(), algorithm_options=options, **settings)
+    monkeypatch.setattr(local, "written_gradient", lambda loss: None)
+    autograd = fs.run(algorithm="fedpin", data=toy_data(), algorithm_options=options, **settings)
+    got = flatten(written.result.server)
+    for name, v in flatten(autograd.result.server).items():
+        torch.testing.assert_close(got[name], v, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(written.result.accuracy, autograd.result.accuracy)
+
+
 def test_proximal_gradient_is_autograds():
     from fedshift.algorithms.common.losses import squared_distance
     from fedshift.algorithms.common.proximal import proximal_gradient

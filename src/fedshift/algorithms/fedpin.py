@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, stack, weighted_mean
+from ..engine.contract import Tree, gradient_by, mlp_extractor, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
@@ -178,6 +178,50 @@ class FedPIN(Algorithm):
         prox = squared_distance(params, extras["gp"])
         return self.erm_loss(params, buffers, extras, x, y, w) + 0.5 * self.hp.l2_weight * prox
 
+    def extractor(self):
+        """Φ as forward/backward functions when the model is an MLP, else ``None``."""
+        if not hasattr(self, "_extractor"):
+            self._extractor = mlp_extractor(self.ctx.model)
+        return self._extractor
+
+    def global_written(self) -> bool:
+        """Whether ``global_gradient`` applies: an MLP, and L_g^u in its default form (ω_a's
+        own weights, no fitting steps, no floor)."""
+        hp = self.hp
+        plain = hp.aux_steps == 0 and hp.aux_init == "aux" and not hp.floor
+        return plain and self.extractor() is not None
+
+    def global_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``global_loss`` and its gradient written out: with δ_g, δ_a the scaled
+        (softmax − one-hot) of ω_g and ω_a on z = Φ_g(x), ∇ω_g = (1+α)δ_gᵀz, ∇z =
+        (1+α)δ_gW_g − αδ_aW_a (the reversed step of Φ_g), ∇ω_a = δ_aᵀz (its own risk on
+        the detached features) for both of ω_a's parts."""
+        ext, k = self.extractor(), self.ctx.data.num_classes
+        z, cache = ext.forward(params, x)
+        scale = w / w.sum().clamp(min=1.0)
+        target = (y[:, None] == torch.arange(k, device=y.device)).to(z.dtype)
+        a = extras["alpha"]
+
+        def risk_and_delta(weight, bias):
+            logp = torch.log_softmax(z @ weight.T + bias, -1)
+            risk = -(scale * (logp * target).sum(-1)).sum()
+            return risk, (logp.exp() - target) * scale[:, None]
+
+        head_w = params["head.weight"]
+        risk_g, delta_g = risk_and_delta(head_w, params["head.bias"])
+        wa = params["aux.weight"] + params["aux.client_weight"]
+        risk_a, delta_a = risk_and_delta(wa, params["aux.bias"] + params["aux.client_bias"])
+        grads = ext.backward(params, cache, (1 + a) * (delta_g @ head_w) - a * (delta_a @ wa))
+        grads["head.weight"] = (1 + a) * (delta_g.T @ z)
+        grads["head.bias"] = (1 + a) * delta_g.sum(0)
+        grads["aux.weight"] = delta_a.T @ z
+        grads["aux.bias"] = delta_a.sum(0)
+        # own tensors: the engine's SGD update may consume a gradient in place
+        grads["aux.client_weight"] = grads["aux.weight"].clone()
+        grads["aux.client_bias"] = grads["aux.bias"].clone()
+        return grads, (1 + a) * risk_g - a * risk_a
+
+    @gradient_by(global_gradient, when=lambda self: self.global_written())
     def global_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """L_g^u = (1+α)R(ω_g∘Φ_g) − αR(ω_a(Φ_g, u)), ω_a trained on its own risk."""
         m = self.ctx.model
