@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, gradient_by, mlp_extractor, select, weighted_mean
+from ..engine.contract import Tree, gradient_by, select, weighted_mean
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.alignment import classifier_gradient, gradient_alignment_penalty
@@ -50,12 +50,6 @@ class FedIIR(FedAvg):
         head = select(self.ctx.initial_params, is_head)
         zeros = {k: torch.zeros_like(v) for k, v in head.items()}
         return {**super().init(), "gbar": zeros, "has_gbar": torch.zeros(())}
-
-    def extractor(self):
-        """Φ as forward/backward functions when the model is an MLP, else ``None``."""
-        if not hasattr(self, "_extractor"):
-            self._extractor = mlp_extractor(self.ctx.model)
-        return self._extractor
 
     def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """``loss`` and its gradient for an MLP. With s_b = w_b / Σw, p = softmax(ω(z)) and

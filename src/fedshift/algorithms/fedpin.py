@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, gradient_by, mlp_extractor, stack, weighted_mean
+from ..engine.contract import Tree, gradient_by, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
@@ -177,12 +177,6 @@ class FedPIN(Algorithm):
         """GM-L2 ablation: R(θ_u) + (μ/2)‖θ_u − θ_g‖²."""
         prox = squared_distance(params, extras["gp"])
         return self.erm_loss(params, buffers, extras, x, y, w) + 0.5 * self.hp.l2_weight * prox
-
-    def extractor(self):
-        """Φ as forward/backward functions when the model is an MLP, else ``None``."""
-        if not hasattr(self, "_extractor"):
-            self._extractor = mlp_extractor(self.ctx.model)
-        return self._extractor
 
     def global_written(self) -> bool:
         """Whether ``global_gradient`` applies: an MLP, and L_g^u in its default form (ω_a's

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from ..engine.contract import (
     Tree,
     gradient_by,
-    mlp_extractor,
     stack,
     torch_seed,
     weighted_mean,
@@ -95,12 +94,6 @@ class FedSR(FedAvg):
             params["fedsr.rep.bias"],
         )
         return out[..., : self.dim], F.softplus(out[..., self.dim :])
-
-    def extractor(self):
-        """Φ as forward/backward functions when the model is an MLP, else ``None``."""
-        if not hasattr(self, "_extractor"):
-            self._extractor = mlp_extractor(self.ctx.model)
-        return self._extractor
 
     def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """``loss`` and its gradient written out for an MLP: ω(z) and the two regularisers

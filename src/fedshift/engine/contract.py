@@ -185,6 +185,14 @@ class Algorithm(ABC):
             self._risk_gradient = mlp_risk_gradient(self.ctx.model)
         return self._risk_gradient
 
+    def extractor(self):
+        """The model's extractor Φ as forward/backward functions (``mlp_extractor``) for an
+        MLP, else ``None``: for methods that write out the gradient of their own terms on
+        Φ(x) (FedSR, FedIIR, FedPIN)."""
+        if not hasattr(self, "_extractor"):
+            self._extractor = mlp_extractor(self.ctx.model)
+        return self._extractor
+
     def has_risk_gradient(self) -> bool:
         return self.risk_gradient() is not None
 
