@@ -21,7 +21,6 @@ autograd and the standard ``torch.optim.SGD``, and minibatches served by a
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +28,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from fedshift.data.federated import FederatedData, Split
-from fedshift.engine.local import LocalTrainer, TrainResult, on_flat_trees
+from fedshift.engine.local import LocalTrainer, TrainResult
 from fedshift.engine.rng import torch_seed
-from fedshift.engine.tree import flatten, is_nested, unflatten
 
 
 def classic_fedavg_round(
@@ -126,22 +124,6 @@ class SequentialTrainer(LocalTrainer):
         generators=None,
         row_extras=None,
     ) -> TrainResult:
-        parts = (params, buffers, shared or {}, per_client or {}, row_extras or {})
-        if any(is_nested(t) for t in parts):  # as the engine: train the flattened trees
-            out = self.train(
-                on_flat_trees(loss_fn),
-                *(flatten(t) for t in parts[:2]),
-                split,
-                schedule,
-                sgd,
-                shared=flatten(parts[2]),
-                per_client=flatten(parts[3]),
-                trainable=trainable,
-                noise=noise,
-                generators=generators,
-                row_extras=flatten(parts[4]),
-            )
-            return replace(out, params=unflatten(out.params), buffers=unflatten(out.buffers))
         n = int(schedule.steps.numel())
         dataset = _Rows(split, row_extras)
         row_names = list(row_extras or {})

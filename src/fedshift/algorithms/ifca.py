@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, flatten, leaves, take, tree_map, unflatten, weighted_mean
+from ..engine.contract import Tree, flatten, leaves, take, tree_map, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.client_loss import client_losses, fresh_init
@@ -55,8 +55,7 @@ class IFCA(Algorithm):
         inits = [fresh_init(self.ctx, j, "ifca/init") for j in range(1, self.hp.num_clusters)]
         first = (self.ctx.initial_params, self.ctx.initial_buffers)  # θ_1: the run's init
         models = [model_state(p, b) for p, b in [first, *inits]]
-        flat = [flatten(m) for m in models]
-        return unflatten({k: torch.stack([m[k] for m in flat]) for k in flat[0]})  # [K, ...]
+        return tree_map(lambda *model: torch.stack(model), *models)  # [K, ...]
 
     def configure(self, server: Tree, cohort) -> Payload:
         return Payload(broadcast=server)  # all K models

@@ -25,12 +25,11 @@ state: x_i as ``{"p", "b"}``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, generator, weighted_mean
+from ..engine.contract import Tree, generator, tree_map, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -49,13 +48,7 @@ class L2SGDHyper:
 def pull(state: Tree, mean: Tree, keep: torch.Tensor) -> Tree:
     """x_i ← x̄ + keep·(x_i − x̄) for the floating-point entries (A averaging steps); nested
     trees (``{"p", "b"}``) are walked."""
-    out = {}
-    for k, v in state.items():
-        if isinstance(v, Mapping):
-            out[k] = pull(v, mean.get(k, {}), keep)
-        else:
-            out[k] = mean[k] + keep * (v - mean[k]) if v.is_floating_point() else v
-    return out
+    return tree_map(lambda v, m: m + keep * (v - m) if v.is_floating_point() else v, state, mean)
 
 
 @register_algorithm("l2sgd")

@@ -39,7 +39,6 @@ layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that rec
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -247,11 +246,4 @@ class PerInvFL(Algorithm):
 def server_step(server: Tree, mean: Tree, alpha: float) -> Tree:
     """ν ← ν − α(ν − mean ν_i) for every floating-point tensor of ``mean`` (nested trees
     walked), ``mean``'s value for the others (integer buffers)."""
-    out = {}
-    for k, m in mean.items():
-        if isinstance(m, Mapping):
-            out[k] = server_step(server.get(k, {}), m, alpha)
-        else:
-            v = server[k]
-            out[k] = v - alpha * (v - m) if v.is_floating_point() else m
-    return out
+    return tree_map(lambda m, v: v - alpha * (v - m) if v.is_floating_point() else m, mean, server)

@@ -25,10 +25,9 @@ w, so w stays at the broadcast model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..engine.contract import SGDConfig, Tree, stack, weighted_mean
+from ..engine.contract import SGDConfig, Tree, stack, tree_map, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -139,10 +138,6 @@ class PFedMe(Algorithm):
 def server_step(server: Tree, mean: Tree, beta: float) -> Tree:
     """(1 − β)·server + β·mean for every floating-point tensor of ``server`` (nested trees
     walked), ``mean``'s value for the others (integer buffers)."""
-    out = {}
-    for k, v in server.items():
-        if isinstance(v, Mapping):
-            out[k] = server_step(v, mean.get(k, {}), beta)
-        else:
-            out[k] = (1 - beta) * v + beta * mean[k] if v.is_floating_point() else mean[k]
-    return out
+    return tree_map(
+        lambda v, m: (1 - beta) * v + beta * m if v.is_floating_point() else m, server, mean
+    )

@@ -211,7 +211,7 @@ class UCFL(Algorithm):
         new = dict(server)
         streams = flatten(server["s"])  # "p/<name>" → [m, …]
         received = flatten(uploads)  # "p/<name>", or "<stream>/p/<name>" with ``parallel``
-        for key, old in flatten(server["s"]).items():
+        for key, old in list(streams.items()):
             if not old.is_floating_point():
                 continue
             if self.hp.parallel:

@@ -6,7 +6,7 @@ that trains another model says so with ``Algorithm.wrap_model`` instead of repla
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -15,11 +15,11 @@ from ..data.federated import FederatedData, Split
 from ..models.base import FedModel
 from .execution import replica
 from .fused import declares_plain_cross_entropy
-from .local import LocalTrainer, LossFn, TrainResult
+from .local import LocalTrainer, LossFn, TrainResult, on_flat_trees
 from .rng import torch_seed
 from .schedule import Schedule, make_schedule
 from .sgd import SGDConfig
-from .tree import Tree, flatten
+from .tree import Tree, flatten, is_nested, unflatten
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class Context:
     initial_params: Tree
     initial_buffers: Tree
     cohort_size: int = 0  # clients per batched call (0: all at once), the run's cohort_size
+    # a loss of nested trees → its form on flattened trees (one per loss, so the trainer's
+    # per-objective caches — compiled steps, auto's timings — see the same function)
+    flat_losses: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __getattribute__(self, name: str):
         # on a client-group thread (execution = sequential) ``ctx.model`` is that thread's
@@ -148,7 +151,14 @@ class Context:
                 )
                 for c in cohort.ids.tolist()
             ]
-        return self.trainer.train(
+        parts = (params, buffers, shared or {}, per_client or {}, row_extras or {})
+        nested = any(is_nested(t) for t in parts)
+        if nested:  # the trainer steps flat trees: the loss gets the nesting back
+            if loss_fn not in self.flat_losses:
+                self.flat_losses[loss_fn] = on_flat_trees(loss_fn)
+            loss_fn = self.flat_losses[loss_fn]
+            params, buffers, shared, per_client, row_extras = (flatten(t) for t in parts)
+        out = self.trainer.train(
             loss_fn,
             params,
             buffers,
@@ -162,3 +172,6 @@ class Context:
             generators=generators,
             row_extras=row_extras,
         )
+        if nested:
+            out = replace(out, params=unflatten(out.params), buffers=unflatten(out.buffers))
+        return out

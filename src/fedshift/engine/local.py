@@ -26,7 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ from .fused import FusedMLPStep
 from .risk import written_gradient
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
-from .tree import Tree, clone, flatten, is_nested, take, unflatten
+from .tree import Tree, clone, flatten, take, unflatten
 
 # loss_fn(params, buffers, extras, x, y, w) -> scalar, for ONE client (vmapped by the trainer)
 LossFn = Callable[[Tree, Tree, Tree, Tensor, Tensor, Tensor], Tensor]
@@ -222,7 +222,6 @@ class LocalTrainer:
         self._convolutional = any(isinstance(m, conv) for m in model.modules())
         self._model_id = f"{type(model).__name__}#{zlib.crc32(repr(shapes).encode()):08x}"
         self._steps: dict = {}
-        self._flat_losses: dict = {}  # loss of nested trees → its flat form (one per loss)
         # asked between local steps: True abandons the training in progress (the runner
         # sets it while a stop was requested and the round has changed no state yet)
         self.should_stop: Callable[[], bool] = lambda: False
@@ -440,28 +439,8 @@ class LocalTrainer:
         ``row_extras`` (name → [M, …], one entry per row of ``split``) are gathered like
         ``env``: each step's extras carry the entries of its minibatch's rows.
 
-        Nested trees (``{"pm": θ, "nu": ν}``) are trained as their flattened forms and come
-        back nested; ``trainable`` then sees the flattened names (``"pm/fc1.weight"``).
+        The trees are flat here: ``Context.train`` flattens nested ones (``on_flat_trees``).
         """
-        parts = (params, buffers, shared or {}, per_client or {}, row_extras or {})
-        if any(is_nested(t) for t in parts):
-            flat_loss = self._flat_losses.get(loss_fn)
-            if flat_loss is None:
-                flat_loss = self._flat_losses[loss_fn] = on_flat_trees(loss_fn)
-            out = self.train(
-                flat_loss,
-                *(flatten(t) for t in parts[:2]),
-                split,
-                schedule,
-                sgd,
-                shared=flatten(parts[2]),
-                per_client=flatten(parts[3]),
-                trainable=trainable,
-                noise=noise,
-                generators=generators,
-                row_extras=flatten(parts[4]),
-            )
-            return replace(out, params=unflatten(out.params), buffers=unflatten(out.buffers))
         device = next(iter(params.values())).device
         order = torch.argsort(schedule.steps, descending=True, stable=True)
         inverse = torch.argsort(order)

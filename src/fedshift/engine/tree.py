@@ -73,9 +73,16 @@ def leaves(tree: Mapping) -> Iterator[Tensor]:
             yield v
 
 
-def tree_map(fn: Callable[[Tensor], Tensor], tree: Mapping) -> Tree:
-    """``fn`` applied to every tensor of ``tree``, the structure kept."""
-    return {k: tree_map(fn, v) if isinstance(v, Mapping) else fn(v) for k, v in tree.items()}
+def tree_map(fn: Callable[..., Tensor], tree: Mapping, *rest: Mapping) -> Tree:
+    """``fn`` applied to every tensor of ``tree`` (with the tensors of the same names in
+    ``rest``: ``fn(a, b, …)``), the structure of ``tree`` kept. A sub-tree of ``tree``
+    that ``rest`` lacks is looked up as empty (an empty part, e.g. no buffers, is not sent)."""
+    return {
+        k: tree_map(fn, v, *(r.get(k, {}) for r in rest))
+        if isinstance(v, Mapping)
+        else fn(v, *(r[k] for r in rest))
+        for k, v in tree.items()
+    }
 
 
 def stack(tree: Mapping, n: int) -> Tree:

@@ -11,13 +11,13 @@ is per client, so results do not depend on the cohort size.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.func import grad, vmap
 
-from ...engine.contract import Cohort, Context, Tree, stack, take
+from ...engine.contract import Cohort, Context, Tree, stack, take, tree_map
 
 CHUNK = 4096  # samples per vmapped call, summed over the cohort
 ROWS = 256  # rows per call of client_rows (one client at a time)
@@ -65,23 +65,8 @@ def client_sums(
         out = batched(
             per_client, shared or {}, split.x[rows.to(dev)], y[rows.to(dev)], mask.to(dev)
         )
-        total = out if not total else _add(total, out)
+        total = out if not total else tree_map(lambda v, t: t + v, out, total)
     return total
-
-
-def _add(a: Mapping, b: Mapping) -> Tree:
-    """a + b entry by entry (nested trees walked)."""
-    return {k: _add(a[k], v) if isinstance(v, Mapping) else a[k] + v for k, v in b.items()}
-
-
-def _stack_steps(trees: list[Mapping]) -> Tree:
-    """Per entry, the trees' tensors stacked along a new axis 1 (nested trees walked)."""
-    return {
-        k: _stack_steps([t[k] for t in trees])
-        if isinstance(v, Mapping)
-        else torch.stack([t[k] for t in trees], 1)
-        for k, v in trees[0].items()
-    }
 
 
 def client_rows(
@@ -146,4 +131,4 @@ def step_gradients(
         out.append(
             per_client(params, stack(buffers, c), split.x[rows], split.y[rows], weight[:, s])
         )
-    return _stack_steps(out) if out else {}
+    return tree_map(lambda *steps: torch.stack(steps, 1), *out) if out else {}
