@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, gradient_by, select, weighted_mean
+from ..engine.contract import (
+    Tree,
+    cross_entropy_gradient,
+    gradient_by,
+    loss_scale,
+    select,
+    weighted_mean,
+)
 from ..options import opt, require
 from .base import ClientResult, Payload, RoundInfo, register_algorithm
 from .common.alignment import classifier_gradient, gradient_alignment_penalty
@@ -56,16 +63,12 @@ class FedIIR(FedAvg):
         δ = s·(p − onehot) (so G = δᵀz, Σ_b δ_b is ∇_ω R), E = G − ḡ, the penalty ‖E‖²
         has ∂/∂z = 2δE_W and ∂/∂logits_b = s_b(p_b ⊙ M_b − p_b(p_b·M_b)) with
         M_b = 2(E_W z_b + e_b) (the softmax's Jacobian), then the usual chain to ω and z."""
-        ext, k = self.extractor(), self.ctx.data.num_classes
+        ext = self.extractor()
         z, cache = ext.forward(params, x)
         head_w, head_b = params["head.weight"], params["head.bias"]
         logits = z @ head_w.T + head_b
-        scale = w / w.sum().clamp(min=1.0)
-        logp = torch.log_softmax(logits, -1)
-        p = logp.exp()
-        target = (y[:, None] == torch.arange(k, device=y.device)).to(logits.dtype)
-        risk = -(scale * (logp * target).sum(-1)).sum()
-        delta = (p - target) * scale[:, None]
+        risk, delta, logp = cross_entropy_gradient(logits, y, w)
+        p, scale = logp.exp(), loss_scale(w)
         gbar, weight = extras["gbar"], extras["weight"]
         e_w = delta.T @ z - gbar["head.weight"]
         e_b = delta.sum(0) - gbar["head.bias"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, gradient_by, stack, weighted_mean
+from ..engine.contract import Tree, cross_entropy_gradient, gradient_by, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
@@ -190,16 +190,12 @@ class FedPIN(Algorithm):
         (softmax − one-hot) of ω_g and ω_a on z = Φ_g(x), ∇ω_g = (1+α)δ_gᵀz, ∇z =
         (1+α)δ_gW_g − αδ_aW_a (the reversed step of Φ_g), ∇ω_a = δ_aᵀz (its own risk on
         the detached features) for both of ω_a's parts."""
-        ext, k = self.extractor(), self.ctx.data.num_classes
+        ext = self.extractor()
         z, cache = ext.forward(params, x)
-        scale = w / w.sum().clamp(min=1.0)
-        target = (y[:, None] == torch.arange(k, device=y.device)).to(z.dtype)
         a = extras["alpha"]
 
         def risk_and_delta(weight, bias):
-            logp = torch.log_softmax(z @ weight.T + bias, -1)
-            risk = -(scale * (logp * target).sum(-1)).sum()
-            return risk, (logp.exp() - target) * scale[:, None]
+            return cross_entropy_gradient(z @ weight.T + bias, y, w)[:2]
 
         head_w = params["head.weight"]
         risk_g, delta_g = risk_and_delta(head_w, params["head.bias"])

@@ -26,7 +26,9 @@ import torch.nn.functional as F
 
 from ..engine.contract import (
     Tree,
+    cross_entropy_gradient,
     gradient_by,
+    loss_scale,
     stack,
     torch_seed,
     weighted_mean,
@@ -109,11 +111,9 @@ class FedSR(FedAvg):
         z = mu + sigma * eps
         head_w = params["head.weight"]
         logits = z @ head_w.T + params["head.bias"]
-        scale = w / w.sum().clamp(min=1.0)  # per-sample weight of every mean below
-        logp = torch.log_softmax(logits, -1)
+        risk, delta, _ = cross_entropy_gradient(logits, y, w)  # δ = ∂risk/∂logits
+        scale = loss_scale(w)  # per-sample weight of every mean below
         target = (y[:, None] == torch.arange(k, device=y.device)).to(logits.dtype)
-        risk = -(scale * (logp * target).sum(-1)).sum()
-        delta = (logp.exp() - target) * scale[:, None]  # ∂risk/∂logits
         norm = z.norm(dim=-1)
         unit = torch.where(norm[:, None] > 0, z / norm.clamp(min=1e-30)[:, None], 0.0)
         dz = delta @ head_w + (self.hp.l2r * scale)[:, None] * unit

@@ -54,7 +54,7 @@ from .context import Cohort, Context
 from .execution import single_threaded
 from .fused import mlp_extractor, mlp_risk_gradient, plain_cross_entropy
 from .local import LossFn, TrainResult
-from .risk import cross_entropy, gradient_by, sample_mean
+from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
 from .rng import generator, torch_seed
 from .schedule import client_order
 from .sgd import SGDConfig
@@ -85,9 +85,11 @@ __all__ = [
     "Tree",
     "client_order",
     "cross_entropy",
+    "cross_entropy_gradient",
     "flatten",
     "generator",
     "leaves",
+    "loss_scale",
     "gradient_by",
     "mlp_extractor",
     "mlp_risk_gradient",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .risk import cross_entropy_gradient, loss_scale
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree
 
@@ -93,11 +94,6 @@ def mlp_layers(model: nn.Module) -> list[Layer] | None:
     if not layers or layers[-1].relu:
         return None
     return layers
-
-
-def loss_scale(w: Tensor) -> Tensor:
-    """Per-sample weights of the weighted mean ``Σ_b w_b·ℓ_b / max(Σ_b w_b, 1)``."""
-    return w / w.sum(-1, keepdim=True).clamp(min=1.0)
 
 
 class FusedMLPStep:
@@ -230,49 +226,29 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
     layers = mlp_layers(model)
     if layers is None or any(True for _ in model.buffers()):
         return None
+    net = MLPChain(tuple(layers))  # the whole MLP: its output is the logits
 
     def gradient(params: Tree, x: Tensor, y: Tensor, w: Tensor) -> tuple[Tree, Tensor]:
-        a = x.reshape(x.shape[0], -1)
-        acts = []  # input of each layer
-        for layer in layers:
-            acts.append(a)
-            a = a @ params[layer.weight].T
-            if layer.bias is not None:
-                a = a + params[layer.bias]
-            if layer.relu:
-                a = a.clamp_min(0)
-        logp = torch.log_softmax(a, -1)  # a: the logits [B, classes]
-        scale = loss_scale(w)
-        target = (y[:, None] == torch.arange(a.shape[-1], device=y.device)).to(a.dtype)
-        loss = -(scale * (logp * target).sum(-1)).sum()
-        delta = (logp.exp() - target) * scale[:, None]  # d loss / d logits
-        grads: Tree = {}
-        for i in range(len(layers) - 1, -1, -1):
-            layer = layers[i]
-            grads[layer.weight] = delta.T @ acts[i]
-            if layer.bias is not None:
-                grads[layer.bias] = delta.sum(0)
-            if i > 0:
-                delta = delta @ params[layer.weight]
-                if layers[i - 1].relu:  # ReLU's backward, as autograd computes it
-                    delta = torch.where(acts[i] > 0, delta, torch.zeros_like(delta))
-        return grads, loss
+        logits, cache = net.forward(params, x)
+        loss, delta, _ = cross_entropy_gradient(logits, y, w)
+        return net.backward(params, cache, delta), loss
 
     return gradient
 
 
 @dataclass(frozen=True)
-class MLPExtractor:
-    """The extractor Φ of an MLP as two pure functions for ONE client (vmappable), for
-    methods that put their own terms between Φ(x) and the loss and write the gradient out
-    (FedSR's stochastic representation): ``forward(params, x) -> (Φ(x), cache)`` and
-    ``backward(params, cache, dΦ) -> ∇ of the extractor's parameters``."""
+class MLPChain:
+    """Linear(+ReLU) layers of an MLP as two pure functions for ONE client (vmappable):
+    ``forward(params, x) -> (output, cache)`` and ``backward(params, cache, ∂/∂output) -> ∇
+    of the layers' parameters``. The whole model gives ``mlp_risk_gradient``; its extractor
+    Φ (``mlp_extractor``) serves methods that put their own terms between Φ(x) and the loss
+    and write the gradient out (FedSR, FedIIR, FedPIN)."""
 
     layers: tuple[Layer, ...]
 
     def forward(self, params: Tree, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         a = x.reshape(x.shape[0], -1)
-        inputs = []  # input of each layer, then Φ(x)
+        inputs = []  # input of each layer, then the output
         for layer in self.layers:
             inputs.append(a)
             a = a @ params[layer.weight].T
@@ -296,11 +272,11 @@ class MLPExtractor:
         return grads
 
 
-def mlp_extractor(model: nn.Module) -> MLPExtractor | None:
+def mlp_extractor(model: nn.Module) -> MLPChain | None:
     """Φ of an MLP the fused step handles whose head is one Linear layer, else ``None``."""
     layers = mlp_layers(model)
     if layers is None or any(True for _ in model.buffers()) or len(layers) < 2:
         return None
     if not layers[-1].weight.startswith("head."):  # a head of several layers
         return None
-    return MLPExtractor(tuple(layers[:-1]))
+    return MLPChain(tuple(layers[:-1]))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -18,6 +19,22 @@ def sample_mean(values: Tensor, w: Tensor) -> Tensor:
 
 def cross_entropy(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
     return sample_mean(F.cross_entropy(logits, y, reduction="none"), w)
+
+
+def loss_scale(w: Tensor) -> Tensor:
+    """Per-sample weights of the weighted mean ``Σ_b w_b·ℓ_b / max(Σ_b w_b, 1)``."""
+    return w / w.sum(-1, keepdim=True).clamp(min=1.0)
+
+
+def cross_entropy_gradient(logits: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``cross_entropy`` of one client's minibatch written out with its gradient: (risk,
+    δ = ∂risk/∂logits = (softmax − one-hot)·w_b / max(Σw, 1), log-softmax), for gradients
+    written by hand (``gradient_by``; vmappable)."""
+    logp = torch.log_softmax(logits, -1)
+    scale = loss_scale(w)
+    target = (y[:, None] == torch.arange(logits.shape[-1], device=y.device)).to(logits.dtype)
+    risk = -(scale * (logp * target).sum(-1)).sum()
+    return risk, (logp.exp() - target) * scale[:, None], logp
 
 
 def gradient_by(
