@@ -96,3 +96,20 @@ def test_the_engine_does_not_import_methods_or_front_ends(graph):
         "fedshift.reproduce",
     }
     assert {b for a, b in edges(graph) if a == "fedshift.engine"} & above == set()
+
+
+def test_methods_train_through_the_contexts_train_not_its_trainer():
+    """``ctx.train`` is the one entry a method trains through (it flattens nested trees,
+    seeds noise, applies update rules); the trainer behind it is the engine's."""
+    import ast
+    from pathlib import Path
+
+    import fedshift.algorithms as package
+
+    reached = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted(Path(package.__file__).parent.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "trainer"
+    ]
+    assert reached == []

@@ -16,7 +16,7 @@ from fedshift.algorithms.pfedme import PFedMe, PFedMeHyper
 from fedshift.api import make_config
 from fedshift.data.federated import FederatedData, Split
 from fedshift.engine.contract import flatten, leaves
-from fedshift.engine.sgd import SGDConfig, sgd_step
+from fedshift.engine.sgd import SGDConfig
 from fedshift.errors import FedshiftError
 from fedshift.experiment import build_experiment
 
@@ -256,8 +256,8 @@ def test_perinvfl_adam_step_is_torch_adam():
 
 
 def test_perinvfl_adam_engine_step_matches_algorithm_by_hand():
-    """One engine step (lr 1) of the Adam surrogate = S Adam steps of θ on L_INV + β‖θ − ν‖²,
-    then one Adam step of ν on L_INV(ν) (IRMv1, weight w, loss divided by w > 1)."""
+    """One step of the Adam update rule = S Adam steps of θ on L_INV + β‖θ − ν‖², then one
+    Adam step of ν on L_INV(ν) (IRMv1, weight w, loss divided by w > 1)."""
     exp = build_experiment(
         make_config(algorithm="perinvfl", **SETTINGS), data=toy_data(sizes=SIZES)
     )
@@ -273,8 +273,8 @@ def test_perinvfl_adam_engine_step_matches_algorithm_by_hand():
     x, y, ones = ctx.data.train.x[:6], ctx.data.train.y[:6], torch.ones(6)
     params = {**nu, "pm": theta, **adam}
     extras = {"weight": weight}
-    grads = torch.func.grad(lambda p: alg.loss(p, {}, extras, x, y, ones))(params)
-    new, _ = sgd_step(flatten(params), flatten(grads), {}, SGDConfig(1.0))
+    new, _ = alg.local_step(params, {}, extras, x, y, ones)
+    new = flatten(new)
 
     def irm(t):
         logits = ctx.forward(t, {}, x)
@@ -326,8 +326,8 @@ def test_pfedme_zero_inner_steps_keeps_the_global_model():
 
 @pytest.mark.parametrize("written", [True, False])
 def test_pfedme_step_matches_algorithm_by_hand(monkeypatch, written):
-    """One engine step of the pFedMe surrogate = K personal steps, then w ← w − ηλ(w − θ̃);
-    with the MLP risk's gradient written out (the default for an MLP) and with autograd."""
+    """One step of pFedMe's update rule = K personal steps, then w ← w − ηλ(w − θ̃); with
+    the MLP risk's gradient written out (the default for an MLP) and with autograd."""
     if not written:
         monkeypatch.setattr(PFedMe, "inner_gradient", lambda self: None)
     exp = build_experiment(
@@ -344,8 +344,8 @@ def test_pfedme_step_matches_algorithm_by_hand(monkeypatch, written):
     x, y = ctx.data.train.x[:6], ctx.data.train.y[:6]
     ones = torch.ones(6)
     params = {**w, "pm": theta}
-    grads = torch.func.grad(lambda p: alg.loss(p, {}, {}, x, y, ones))(params)
-    new, _ = sgd_step(flatten(params), flatten(grads), {}, SGDConfig(0.05))
+    new, _ = alg.local_step(params, {}, {}, x, y, ones)
+    new = flatten(new)
     # by hand
     t = {k: v.clone().requires_grad_(True) for k, v in theta.items()}
     for _ in range(3):

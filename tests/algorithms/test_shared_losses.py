@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from fedshift.algorithms.common.proximal import move_to, prox_solve, pull_towards, report_as
+from fedshift.algorithms.common.proximal import prox_solve, report_as
 from fedshift.algorithms.common.representation import (
     conditional_correlation_l1,
     conditional_cross_moment_l1,
@@ -107,14 +107,7 @@ def test_prox_solve_on_a_quadratic():
     torch.testing.assert_close(out["v"], t)
 
 
-def test_surrogates_give_the_intended_steps():
-    theta = {"v": torch.tensor([1.0, -1.0], dtype=D, requires_grad=True)}
-    target = {"v": torch.tensor([0.5, 2.0], dtype=D)}
-    lr = 0.2
-    (g,) = torch.autograd.grad(move_to(theta, target, lr), theta["v"])
-    torch.testing.assert_close(theta["v"] - lr * g, target["v"])  # lands on the target
-    (g2,) = torch.autograd.grad(pull_towards(theta, target, 3.0), theta["v"])
-    torch.testing.assert_close(g2, 3.0 * (theta["v"] - target["v"]))
+def test_report_as_keeps_the_gradient_and_shows_the_value():
     x = torch.tensor(2.0, requires_grad=True)
     r = report_as(x**2, torch.tensor(7.0))
     (gx,) = torch.autograd.grad(r, x)

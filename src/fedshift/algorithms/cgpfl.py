@@ -7,8 +7,9 @@ models Ω = [ω_1..ω_K] and the contexts C_K minimise the k-means objective
 
 Per round (Alg. 1): the server sends each client the model of its context (assignment P^t);
 the client runs R local iterations of S steps θ ← θ − η∇[R(θ) + (λ/2)‖θ − ω̃‖²] followed by
-ω̃ ← ω̃ − βc(ω̃ − θ) (common/moreau.py) and uploads ω̃; the server clusters the uploads with
-k-means++ into K contexts (P^{t+1}) and sets Ω ← Ω − α(Ω − Ω̃P^{t+1}), Ω̃P = per-context mean.
+ω̃ ← ω̃ − βc(ω̃ − θ) (common/moreau.py, as an update rule) and uploads ω̃; the server
+clusters the uploads with k-means++ into K contexts (P^{t+1}) and sets
+Ω ← Ω − α(Ω − Ω̃P^{t+1}), Ω̃P = per-context mean.
 Server state: ``{"ctx": Ω ({"p", "b"} stacked over contexts), "assign": P, "k": contexts
 in use, "round"}``; client state: θ_i as ``{"p", "b"}``.
 
@@ -48,12 +49,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.contract import Tree, flatten, stack, take, tree_map
+from ..engine.contract import Tree, cross_entropy, flatten, stack, take, tree_map, update_rule
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.clustering import centroids, flatten_rows, kmeans, match_to_previous
 from .common.global_model import model_state, split_state
-from .common.moreau import moreau_local_update
+from .common.moreau import moreau_iteration
 
 
 @dataclass(frozen=True)
@@ -120,24 +121,34 @@ class CGPFL(Algorithm):
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         theta, buffers = split_state(state)
         omega, _ = split_state(payload.per_client)  # line 4: ω̃_{i,0} = ω_{k(i)}
-        out = moreau_local_update(
-            self.ctx,
-            cohort,
-            theta,
-            omega,
-            buffers,
+        iterations = self.hp.local_iterations  # lines 5–11: R iterations, one minibatch each
+        out = self.ctx.train(
+            self.local_step, {"theta": theta, "omega": omega}, buffers, cohort, steps=iterations
+        )
+        # line 12: upload ω̃_{i,R} (with the context model's buffers)
+        upload = model_state(out.params["omega"], split_state(payload.per_client)[1])
+        state = model_state(out.params["theta"], out.buffers)
+        return ClientResult(upload, state, cohort.num_examples, out.loss)
+
+    @update_rule
+    def local_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """One local iteration (lines 6–10, ``common.moreau``): new θ_i and ω̃_i; logs the
+        mean of F(θ; ω̃) over the S steps."""
+
+        def risk(theta: Tree):
+            return cross_entropy(self.ctx.forward(theta, buffers, x), y, w)
+
+        theta, omega, value = moreau_iteration(
+            risk,
+            params["theta"],
+            params["omega"],
             lambda_=self.hp.lambda_,
             inner_steps=self.hp.inner_steps,
             inner_lr=self.hp.personal_lr,
             omega_lr=self.ctx.sgd.lr,
-            iterations=self.hp.local_iterations,
             omega_weight=self.omega_weight(),
         )
-        # line 12: upload ω̃_{i,R} (with the context model's buffers)
-        upload = model_state(out.omega, split_state(payload.per_client)[1])
-        return ClientResult(
-            upload, model_state(out.theta, out.buffers), cohort.num_examples, out.loss
-        )
+        return {"theta": theta, "omega": omega}, value
 
     def omega_weight(self) -> float:
         """c of ω̃ ← ω̃ − βc(ω̃ − θ): line 10's ∇_ω G = (2/N)∇r, or pFedMe's λ."""

@@ -97,9 +97,7 @@ class PerFedAvg(GlobalModelAlgorithm):
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers, _ = self.start_from_broadcast(payload, len(cohort))
-        ctx = self.ctx
-        sched = ctx.schedule(cohort, "train", batch_size=3 * ctx.batch_size)
-        out = ctx.trainer.train(self.loss, params, buffers, ctx.data.train, sched, ctx.sgd)
+        out = self.ctx.train(self.loss, params, buffers, cohort, batch_size=3 * self.ctx.batch_size)
         upload = model_state(out.params, out.buffers)
         return ClientResult(upload, {}, cohort.num_examples, out.loss)
 

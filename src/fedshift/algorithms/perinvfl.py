@@ -22,10 +22,10 @@ layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that rec
   λ only keeps the step size under a scale-invariant optimiser; under plain SGD the ERM term
   vanishes after annealing and ν stops moving (measured: rcmnist stayed the colour model).
   Each client keeps its Adam moments for θ_i and ν_i across rounds (a client's optimiser
-  persists, as in pFedMe-style code); ν_{i,0} = ν^t still restarts every round. The engine
-  runs plain SGD, so the loss computes every new value (θ, ν, moments, step counts) and
-  returns ½‖params − new‖², whose one step at lr 1 lands on it. ``"sgd"`` keeps plain steps
-  (lrs η, γ as written; the run's momentum and weight decay are not used).
+  persists, as in pFedMe-style code); ν_{i,0} = ν^t still restarts every round. The local
+  iteration is an update rule (``update_rule``): it computes every new value (θ, ν, moments,
+  step counts) and the engine stores them. ``"sgd"`` keeps plain steps (lrs η, γ as
+  written; the run's momentum and weight decay are not used).
 * ``anneal_rounds`` counts rounds (default 1); the reference anneals for 190 full-batch
   steps of 501, so with ``batch = "client"`` and R local iterations per round the
   reference schedule is ``anneal_rounds = 190 / R`` and 501 / R rounds (the rcmnist and
@@ -44,14 +44,14 @@ from dataclasses import dataclass
 import torch
 from torch.func import grad
 
-from ..engine.contract import SGDConfig, Tree, flatten, stack, tree_map, weighted_mean
+from ..engine.contract import Tree, stack, tree_map, update_rule, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ADAM_BETAS, ADAM_EPS, adam_step  # noqa: F401 (re-export)
 from .common.global_model import model_state, split_state
 from .common.invariance import groupdro_weights, irm_weight, irmv1_penalty
 from .common.losses import cross_entropy, squared_distance
-from .common.proximal import move_to, prox_solve, report_as
+from .common.proximal import prox_solve
 from .common.representation import one_hot
 
 ADAM_KEYS = ("am", "av", "ak")  # Adam first / second moments and step counts
@@ -154,37 +154,42 @@ class PerInvFL(Algorithm):
         pen = irmv1_penalty(logits, y, w)
         return (risk + weight * pen) / torch.clamp(weight, min=1.0), risk
 
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+    @update_rule
+    def local_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """One local iteration r (Alg. 1 lines 8–9): new θ_i, ν_i (and Adam state); logs
+        the plain risk R_i(ν_{i,r})."""
         if self.hp.optimizer == "adam":
-            return self.adam_loss(params, buffers, extras, x, y, w)
+            return self.adam_iteration(params, buffers, extras, x, y, w)
         nu = {k: v for k, v in params.items() if k != PERSONAL}
-        theta = params[PERSONAL]
         eta = self.hp.personal_lr or self.ctx.sgd.lr
 
         def personal(t: Tree):
             return self.local_inv(t, buffers, extras, x, y, w)
 
-        # Alg. 1 line 8: S steps on (L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
-        beta = self.prox_weight(extras)
-        solved = prox_solve(personal, theta, nu, 2 * beta, eta, self.hp.personal_steps)
-        g, risk = self.global_inv(nu, buffers, extras, x, y, w)  # line 9, lr γ = run's lr
-        return report_as(move_to(theta, solved, self.ctx.sgd.lr) + g, risk)
+        def global_loss(q: Tree):
+            return self.global_inv(q, buffers, extras, x, y, w)
 
-    def adam_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """Lines 8–9 with Adam steps along Alg. 1's gradients; every new value (θ, ν and
-        their Adam moments and step counts) is reached by one engine step of lr 1."""
+        # line 8: S steps on (L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
+        beta = self.prox_weight(extras)
+        theta = prox_solve(personal, params[PERSONAL], nu, 2 * beta, eta, self.hp.personal_steps)
+        g, risk = grad(global_loss, has_aux=True)(nu)  # line 9, lr γ = the run's lr
+        gamma = self.ctx.sgd.lr
+        return {**{k: v - gamma * g[k] for k, v in nu.items()}, PERSONAL: theta}, risk
+
+    def adam_iteration(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """Lines 8–9 with Adam steps along Alg. 1's gradients: the new θ, ν and their Adam
+        moments and step counts."""
         hp = self.hp
-        old = tree_map(lambda t: t.detach(), params)
-        nu = {k: v for k, v in old.items() if k not in (PERSONAL, *ADAM_KEYS)}
-        m, v = old["am"], old["av"]
+        nu = {k: v for k, v in params.items() if k not in (PERSONAL, *ADAM_KEYS)}
+        m, v = params["am"], params["av"]
 
         beta = self.prox_weight(extras)
 
         def personal(t: Tree):  # line 8: ∇(L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
             return self.local_inv(t, buffers, extras, x, y, w) + beta * squared_distance(t, nu)
 
-        theta, mt, vt = (d[PERSONAL] for d in (old, m, v))
-        kt = old["ak"][PERSONAL]
+        theta, mt, vt = (d[PERSONAL] for d in (params, m, v))
+        kt = params["ak"][PERSONAL]
         for _ in range(hp.personal_steps):
             g = grad(personal)(theta)
             theta, mt, vt, kt = adam_step(theta, g, mt, vt, kt, hp.personal_lr or self.ctx.sgd.lr)
@@ -194,7 +199,7 @@ class PerInvFL(Algorithm):
 
         g, risk = grad(global_loss, has_aux=True)(nu)
         mn, vn = ({k: d[k] for k in nu} for d in (m, v))
-        nu, mn, vn, kn = adam_step(nu, g, mn, vn, old["ak"]["nu"], self.ctx.sgd.lr)
+        nu, mn, vn, kn = adam_step(nu, g, mn, vn, params["ak"]["nu"], self.ctx.sgd.lr)
         new = {
             **nu,
             PERSONAL: theta,
@@ -202,7 +207,7 @@ class PerInvFL(Algorithm):
             "av": {**vn, PERSONAL: vt},
             "ak": {"nu": kn, PERSONAL: kt},
         }
-        return report_as(move_to(flatten(params), flatten(new), 1.0), risk)
+        return new, risk
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)
@@ -214,11 +219,10 @@ class PerInvFL(Algorithm):
         if self.hp.batch == "client":  # R full-batch iterations
             schedule = {"steps": self.ctx.local_epochs or self.ctx.local_steps, "batch_size": 0}
         out = self.ctx.train(
-            self.loss,
+            self.local_step,
             {**stack(nu, n), PERSONAL: theta, **adam},
             stack(buffers, n),
             cohort,
-            sgd=SGDConfig(1.0 if self.hp.optimizer == "adam" else self.ctx.sgd.lr),
             shared={"weight": weight.to(self.ctx.device)},
             per_client={"q": payload.per_client["q"]},
             **schedule,

@@ -9,9 +9,10 @@ steps (the run's local_epochs / local_steps) the server sets w ← (1 − β)w +
 Each client is evaluated with its personalized model θ_i (pFedMe's "personalized model").
 
 Engine mapping: θ_i and w_i are trained together (one tree: w_i under the model's names,
-θ_i under ``"pm"``); the loss solves the inner problem (``common.proximal.prox_solve``) and
-returns a surrogate whose plain SGD step sets θ_i ← θ̃_i and w_i ← w_i − ηλ(w_i − θ̃_i)
-exactly, so the run's momentum and weight decay are not used. Server state: w as
+θ_i under ``"pm"``) by an update rule (``update_rule``: Alg. 1's two lines as written, per
+minibatch): the inner problem is solved (``common.proximal.prox_solve``), then θ_i ← θ̃_i
+and w_i ← w_i − ηλ(w_i − θ̃_i); the run's momentum and weight decay are not used (the
+box has none). Server state: w as
 ``{"p": params, "b": buffers}``; client state: θ_i in the same form.
 For an MLP the K inner gradients are written out (``Algorithm.risk_gradient``), not autograd's.
 θ_i restarts from w at each round (the authors' code). Every client trains every round
@@ -27,12 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.contract import SGDConfig, Tree, stack, tree_map, weighted_mean
+from ..engine.contract import Tree, stack, tree_map, update_rule, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy
-from .common.proximal import move_to, prox_solve, pull_towards, report_as
+from .common.proximal import prox_solve
 
 
 @dataclass(frozen=True)
@@ -80,21 +81,25 @@ class PFedMe(Algorithm):
             return None
         return self.risk_gradient()
 
-    def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+    @update_rule
+    def local_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """Alg. 1 on one minibatch: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃,
+        w_i ← w_i − ηλ(w_i − θ̃). Logs f_i(θ̃)."""
         local = {k: v for k, v in params.items() if k != "pm"}
-        theta = params["pm"]
         hp = self.hp
 
         def risk(t: Tree):
             return self.personal_risk(t, buffers, extras, x, y, w)
 
-        # Alg. 1: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃, w_i ← w_i − ηλ(w_i − θ̃)
         lam = self.prox_weight()
         written = self.inner_gradient()
         gradient = None if written is None else (lambda t: written(t, x, y, w)[0])
-        solved = prox_solve(risk, theta, local, lam, hp.personal_lr, hp.inner_steps, gradient)
-        surrogate = move_to(theta, solved, self.ctx.sgd.lr) + pull_towards(local, solved, lam)
-        return report_as(surrogate, risk(solved))
+        solved = prox_solve(
+            risk, params["pm"], local, lam, hp.personal_lr, hp.inner_steps, gradient
+        )
+        eta = self.ctx.sgd.lr
+        moved = {k: v - eta * lam * (v - solved[k]) for k, v in local.items()}
+        return {**moved, "pm": solved}, risk(solved)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)
@@ -102,12 +107,7 @@ class PFedMe(Algorithm):
         personal = stack(received, n) if self.reset_personal else split_state(state)[0]
         params = {**stack(received, n), "pm": personal}
         out = self.ctx.train(
-            self.loss,
-            params,
-            stack(buffers, n),
-            cohort,
-            sgd=SGDConfig(self.ctx.sgd.lr),
-            **self.train_extras(payload, cohort),
+            self.local_step, params, stack(buffers, n), cohort, **self.train_extras(payload, cohort)
         )
         local = {k: v for k, v in out.params.items() if k != "pm"}
         return ClientResult(

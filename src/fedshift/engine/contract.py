@@ -12,7 +12,9 @@ engine samples clients, splits them into cohorts of at most ``cohort_size`` and 
    mapping (the same tensors for every client: FedAvg's global model) and/or a stacked
    ``per_client`` mapping (IFCA / CGPFL / UCFL send each client its own cluster model).
 2. ``client_update(payload, state, cohort) -> ClientResult`` — local training of the
-   whole cohort at once (``ctx.train`` runs a vmapped loss), returning stacked
+   whole cohort at once (``ctx.train`` runs a vmapped loss, or an update rule marked with
+   ``update_rule`` where the algorithm box says how the model moves: pFedMe, CGPFL,
+   PerInvFL), returning stacked
    ``upload`` tensors, the new per-client persistent ``state`` (Ditto's and pFedMe's
    personal models, SCAFFOLD's control variates, Local's models; ``{}`` when stateless)
    and explicit aggregation weights ``num_examples``.
@@ -56,6 +58,7 @@ from .fused import mlp_extractor, mlp_risk_gradient, plain_cross_entropy
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
 from .rng import generator, torch_seed
+from .rule import update_rule
 from .schedule import client_order
 from .sgd import SGDConfig
 from .tree import (
@@ -102,6 +105,7 @@ __all__ = [
     "torch_seed",
     "tree_map",
     "unflatten",
+    "update_rule",
     "weighted_mean",
 ]
 

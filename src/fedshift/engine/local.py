@@ -1,8 +1,9 @@
 """Local training for a whole cohort at once.
 
-The client step is written once for a single client — ``grad`` of the algorithm's loss —
-and ``vmap``-ed over the cohort; the SGD update is then applied in place to the stacked
-parameters (one pass per tensor, no copies: large models are memory-bound here). Clients
+The client step is written once for a single client — ``grad`` of the algorithm's loss, or
+an update rule's new values (``rule.py``) — and ``vmap``-ed over the cohort; the SGD update
+(or the rule's values) is then applied in place to the stacked parameters (one pass per
+tensor, no copies: large models are memory-bound here). Clients
 are sorted by their step counts, so at step ``s`` the clients still training are a prefix
 of the cohort: the step runs on that prefix only (finished clients are dropped from the
 batch, not masked into it). The step is a pure tensors-in/tensors-out function, so
@@ -49,6 +50,7 @@ from .execution import (
 )
 from .fused import FusedMLPStep
 from .risk import written_gradient
+from .rule import is_update_rule, update_rule
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree, clone, flatten, take, unflatten
@@ -59,10 +61,19 @@ LossFn = Callable[[Tree, Tree, Tree, Tensor, Tensor, Tensor], Tensor]
 
 def on_flat_trees(loss_fn: LossFn) -> LossFn:
     """``loss_fn`` of nested trees as a loss of their flattened forms (what the trainer
-    stacks and steps), its written gradient (``gradient_by``) and marks carried over."""
+    stacks and steps), its written gradient (``gradient_by``) and marks carried over; an
+    update rule's new values are flattened back."""
+    rule = is_update_rule(loss_fn)
 
     def loss(params, buffers, extras, x, y, w):
-        return loss_fn(unflatten(params), unflatten(buffers), unflatten(extras), x, y, w)
+        out = loss_fn(unflatten(params), unflatten(buffers), unflatten(extras), x, y, w)
+        if rule:
+            new, value = out
+            return flatten(new), value
+        return out
+
+    if rule:
+        update_rule(loss)
 
     written = written_gradient(loss_fn)
     if written is not None:
@@ -96,6 +107,16 @@ class TrainResult:
     buffers: Tree  # stacked, cohort order
     loss: Tensor  # [C] mean loss over each client's own steps
     steps: Tensor  # [C] steps each client took
+
+
+def apply_step_(params: Tree, out: Tree, momentum: Tree, sgd: SGDConfig, rule: bool) -> None:
+    """One step's result into (views of) the stacked ``params``, in place: an update rule's
+    new values as they are, a loss's gradients by the SGD step."""
+    if rule:
+        for k, v in out.items():
+            params[k].copy_(v)
+    else:
+        sgd_update_(params, out, momentum, sgd)
 
 
 class TrainingAbandoned(Exception):
@@ -246,6 +267,7 @@ class LocalTrainer:
             loss = loss_fn({**frozen, **trained}, buffers, extras, x, y, w)
             return loss, loss
 
+        rule = is_update_rule(loss_fn)
         written = written_gradient(loss_fn)
         if written is not None and getattr(loss_fn, "gradient_batched", False):
             fn = self._batched_written_step(written, batched)
@@ -253,6 +275,12 @@ class LocalTrainer:
             return fn
 
         def step(trained, frozen, buffers, shared, per_client, x, y, w):
+            # returns what ``apply_step_`` applies: new values (a rule) or gradients
+            if rule:
+                new, loss = loss_fn(
+                    {**frozen, **trained}, buffers, {**shared, **per_client}, x, y, w
+                )
+                return {k: new[k] for k in trained}, loss
             if written is not None:
                 grads, loss = written(
                     {**frozen, **trained}, buffers, {**shared, **per_client}, x, y, w
@@ -365,6 +393,7 @@ class LocalTrainer:
         """Each client's whole schedule in turn with the un-batched step, SGD in place on
         its slice of the stacked state; returns the per-client loss sums."""
         step = self._step_fn(loss_fn, sgd, train_keys, batched=False)
+        rule = is_update_rule(loss_fn)
 
         def run_client(j: int) -> Tensor:
             work = call.client_state(j)  # views: updated in place
@@ -373,9 +402,9 @@ class LocalTrainer:
             total = torch.zeros((), device=call.idx.device)
             for s in range(int(steps[j])):
                 self.between_steps()
-                grads, loss = step(*call.client_args(j, s, work, generator=gen))
-                sgd_update_(work, grads, mom, sgd)
-                total += loss.detach()
+                out, loss = step(*call.client_args(j, s, work, generator=gen))
+                total += loss.detach()  # first: a rule's loss may be a view of its state
+                apply_step_(work, out, mom, sgd, rule)
             return total
 
         clients = list(range(len(order)))
@@ -463,7 +492,9 @@ class LocalTrainer:
         frozen = {k: reorder(v) for k, v in params.items() if k not in trained}
         bufs = {k: own_copy(v) for k, v in buffers.items()}
         # momentum buffers only where SGD keeps them (a pass over the cohort's state saved)
-        momentum = {k: torch.zeros_like(v) for k, v in trained.items()} if sgd.momentum else {}
+        rule = is_update_rule(loss_fn)
+        keeps_momentum = sgd.momentum and not rule
+        momentum = {k: torch.zeros_like(v) for k, v in trained.items()} if keeps_momentum else {}
         pc = {k: reorder(v) for k, v in (per_client or {}).items()}
         loss_sum = torch.zeros(len(order), device=device)
         self.model.train()
@@ -497,12 +528,12 @@ class LocalTrainer:
             # with buffers, which a step may update in place (batch-norm statistics)
             kw = compiled_width(k, cohort) if self.bucket_widths and not bufs else k
             draws = [generators[int(order[j])] for j in range(k)] if noise else None
-            grads, loss = step(*call.batch_args(kw, s, draws))
+            out, loss = step(*call.batch_args(kw, s, draws))
             if kw > k:
-                grads, loss = take(grads, slice(0, k)), loss[:k]
+                out, loss = take(out, slice(0, k)), loss[:k]
+            loss_sum[:k] += loss.detach()  # first: a rule's loss may be a view of its state
             mine = take(trained, slice(0, k))  # views: updated in place
-            sgd_update_(mine, grads, take(momentum, slice(0, k)), sgd)
-            loss_sum[:k] += loss.detach()
+            apply_step_(mine, out, take(momentum, slice(0, k)), sgd, rule)
         out = {**trained, **frozen}
         mean_loss = loss_sum / steps.clamp(min=1).to(device)
         inv = inverse.to(device)

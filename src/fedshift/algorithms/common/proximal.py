@@ -1,6 +1,7 @@
-"""The Moreau-envelope (pFedMe-style) personal step, shared by pFedMe, FedSDR+pFedMe and
-PerInvFL: an approximate solve of θ̃ = argmin_θ f(θ) + (λ/2)‖θ − w‖² on one minibatch, and
-the surrogate loss through which the engine's single SGD step applies both updates."""
+"""The Moreau-envelope (pFedMe-style) personal step, shared by pFedMe, FedSDR+pFedMe,
+PerInvFL and FedPIN: an approximate solve of θ̃ = argmin_θ f(θ) + (λ/2)‖θ − w‖² on one
+minibatch (the methods' update rules apply it); FedProx's and Ditto's proximal gradient;
+``report_as`` for losses whose logged number is not their own value."""
 
 from __future__ import annotations
 
@@ -52,18 +53,6 @@ def proximal_gradient(
         if k in params:
             grads[k] = grads[k] + weight * (params[k] - anchor[k])
     return grads, risk + 0.5 * weight * squared_distance(params, anchor)
-
-
-def move_to(params: Tree, target: Tree, lr: float) -> Tensor:
-    """A loss whose gradient step with learning rate ``lr`` puts ``params`` exactly at
-    ``target`` (plain SGD): ½/lr ‖params − sg(target)‖²."""
-    return squared_distance(params, {k: v.detach() for k, v in target.items()}) / (2.0 * lr)
-
-
-def pull_towards(params: Tree, target: Tree, strength: float) -> Tensor:
-    """A loss with gradient strength·(params − target), target held fixed: one SGD step with
-    lr η gives params ← params − η·strength·(params − target) (pFedMe's local w update)."""
-    return 0.5 * strength * squared_distance(params, {k: v.detach() for k, v in target.items()})
 
 
 def report_as(surrogate: Tensor, value: Tensor) -> Tensor:
