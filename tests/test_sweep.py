@@ -65,6 +65,43 @@ def test_sweep_selects_by_validation_and_stores_every_run(tmp_path):
     assert s["val"] == max(vals)
 
 
+def test_resume_reuses_finished_runs_and_continues_a_stopped_one(tmp_path, monkeypatch):
+    """A sweep that outlives a session: ``--resume`` takes the store's finished runs as they
+    are and continues a stopped one from its checkpoint; the summary equals an
+    uninterrupted sweep's, and resuming again trains nothing."""
+    from fedshift.engine.runner import Runner
+    from fedshift.sweep import run_sweep
+
+    fixed = {"scenario": "digits-shortcut", "algorithm": "fedavg", "rounds": 3}
+    fixed["checkpoint_every"] = 1
+    grid = {"lr": ["0.05", "0.2"]}
+    reference = run_sweep(None, fixed, grid, [0, 1], tmp_path / "ref.db")
+    db = tmp_path / "runs.db"
+    original = Runner.train_round
+    calls = {"n": 0}
+
+    def crash_in_the_eighth_round(self, r):  # lr 0.2, seed 0, its second round
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise RuntimeError("session ended")
+        return original(self, r)
+
+    monkeypatch.setattr(Runner, "train_round", crash_in_the_eighth_round)
+    with pytest.raises(RuntimeError):
+        run_sweep(None, fixed, grid, [0, 1], db)
+    monkeypatch.setattr(Runner, "train_round", original)
+    before = {r["run_id"]: r["status"] for r in RunStore(db).runs()}
+    assert sorted(before.values()) == ["done", "done", "failed"]
+    out = run_sweep(None, fixed, grid, [0, 1], db, resume=True)
+    assert set(before) <= set(out["run_ids"]) and len(RunStore(db).runs()) == 4
+    assert out["selected"] == reference["selected"]
+    for ours, ref in zip(out["points"], reference["points"], strict=True):
+        assert ours["val"] == pytest.approx(ref["val"])
+        assert ours["metrics"]["worst"] == pytest.approx(ref["metrics"]["worst"])
+    again = run_sweep(None, fixed, grid, [0, 1], db, resume=True)
+    assert again["run_ids"] == out["run_ids"] and len(RunStore(db).runs()) == 4
+
+
 def test_a_degenerate_point_is_never_selected_over_a_working_one():
     def point(val, degenerate):
         return {"val": val, "metrics": {"worst": 50.0, "degenerate": degenerate}}

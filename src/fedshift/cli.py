@@ -233,6 +233,13 @@ def sweep(
     json_: JsonOption = False,
     device: DeviceOption = None,
     data_dir: DataDirOption = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="reuse the store's finished runs of the same configuration and continue "
+            "its stopped ones from their checkpoints (a long sweep across sessions)"
+        ),
+    ] = False,
     imports: ImportOption = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
@@ -242,7 +249,7 @@ def sweep(
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
     result = run_sweep(
-        source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar
+        source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar, resume
     )
     console = err if json_ else out
     table = Table(

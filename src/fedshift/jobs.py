@@ -54,6 +54,7 @@ class Finished:
     summary: dict | None = None  # the run's JSON summary, for a run trained now
     diverged: str | None = None  # why it diverged
     reused: bool = False  # a finished run of the store, not trained again
+    val: float | None = None  # validation accuracy (%), whether trained now or reused
 
 
 def diverged_metrics(why: str) -> dict:
@@ -88,7 +89,7 @@ def run_jobs(
         before = earlier_run(db, cfg) if reuse and db is not None else None
         # done without final metrics (killed after its last round): resume repairs it
         if before is not None and before["status"] == "done" and before["metrics"]:
-            yield Finished(job, before["run_id"], before["metrics"], reused=True)
+            yield Finished(job, before["run_id"], before["metrics"], reused=True, val=before["val"])
             continue
         if before is not None:
             label += f" (resumed {before['run_id']})"
@@ -105,7 +106,8 @@ def run_jobs(
                 raise
             done = Finished(job, e.run_id, diverged_metrics(str(e)), diverged=str(e))
         else:
-            done = Finished(job, out.run_id, out.metrics, summary=out.summary())
+            summary = out.summary()
+            done = Finished(job, out.run_id, out.metrics, summary=summary, val=summary["val"])
         finally:
             if bar is not None:
                 bar.stop()

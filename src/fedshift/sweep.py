@@ -125,11 +125,14 @@ def run_sweep(
     seeds: list[int],
     db: str | Path | None,
     progress: Callable | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Run every grid point with every seed and select by validation accuracy.
 
     ``progress(total_rounds, label) -> (bar, on_round)`` shows a bar per run (the CLI's).
-    Returns the JSON summary of ``fedshift sweep --json``.
+    ``resume``: a run of the same configuration already in ``db`` stands in (a finished
+    one as it is, a stopped one continued from its checkpoint), so a long sweep that was
+    stopped continues where it was. Returns the JSON summary of ``fedshift sweep --json``.
     """
     from .experiment import check_options
 
@@ -154,18 +157,21 @@ def run_sweep(
         point = GridPoint(params)
         name = ", ".join(f"{k}={v}" for k, v in params.items())
         jobs = [Job(cfg, f"{name or cfg.algorithm} (seed {cfg.seed})") for cfg in per_seed]
-        for run in run_jobs(jobs, db=db, group=group, progress=progress, keep_diverged=True):
+        runs = run_jobs(
+            jobs, db=db, group=group, progress=progress, keep_diverged=True, reuse=resume
+        )
+        for run in runs:
             point.run_ids.append(run.run_id)
             if run.diverged:
                 point.diverged = run.diverged
                 break  # the point is out of the selection: its other seeds would not count
-            if run.summary["val"] is None:
+            if run.val is None:
                 raise FedshiftError(
                     f"scenario {run.job.config.scenario!r} has no validation environment, and "
                     "a sweep selects by validation accuracy only (never by test)"
                 )
-            point.val.append(run.summary["val"])
-            point.summaries.append(run.summary)
+            point.val.append(run.val)
+            point.summaries.append({"metrics": run.metrics})
         done.append(point.result())
 
     best, usable = select_point(done)
