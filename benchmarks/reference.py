@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fedshift.data.federated import FederatedData, Split
 from fedshift.engine.local import LocalTrainer, TrainResult
 from fedshift.engine.rng import torch_seed
+from fedshift.engine.rule import is_update_rule
 
 
 def classic_fedavg_round(
@@ -125,6 +126,7 @@ class SequentialTrainer(LocalTrainer):
         row_extras=None,
     ) -> TrainResult:
         n = int(schedule.steps.numel())
+        rule = is_update_rule(loss_fn)
         dataset = _Rows(split, row_extras)
         row_names = list(row_extras or {})
         out_p = {k: v.detach().clone() for k, v in params.items()}
@@ -161,6 +163,14 @@ class SequentialTrainer(LocalTrainer):
                 extras.update(zip(row_names, rows, strict=True))
                 for name, shape in (noise or {}).items():
                     extras[name] = torch.randn(shape, generator=generators[i])
+                if rule:  # the method's own update (pFedMe, CGPFL, PerInvFL): no optimiser
+                    new, loss = loss_fn(mine, bufs, extras, xb, yb, torch.ones(len(yb)))
+                    with torch.no_grad():
+                        for k, v in new.items():
+                            if mine[k].requires_grad:
+                                mine[k].copy_(v)
+                    total += loss.item()
+                    continue
                 opt.zero_grad()
                 loss = loss_fn(mine, bufs, extras, xb, yb, torch.ones(len(yb)))
                 loss.backward()
