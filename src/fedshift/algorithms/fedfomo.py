@@ -17,7 +17,7 @@ training in the label-shift scenarios); ``validation = train`` uses the training
 instead. A client with no validation rows (``scenario.val_fraction = 0`` or a client too
 small to hold one out) cannot score the downloaded models: all its w_n are 0, so by eq. 6
 it keeps its own model and trains locally (the paper's clients always hold validation
-data; tested in tests/algorithms/test_personalization_fidelity.py). The draws are seeded per
+data; tested in tests/algorithms/test_fedfomo.py). The draws are seeded per
 (seed, round, client). Clients never sampled hold the initial model. Communication: M
 models go down to each client (counted in the payload).
 

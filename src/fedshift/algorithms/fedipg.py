@@ -23,7 +23,7 @@ measured against the current w^t.
 Exit strategy: ``exit_clients`` lists clients that never aggregate (the paper's experiments
 exclude the known aberrant client); ``exit_rule = "contribution"`` also exits a client after
 ``patience`` consecutive rounds with C_i^t < 0. Exited clients may still be sampled by the
-engine; their uploads are ignored (tests/algorithms/test_pfl_seeds.py: corrupting the exited
+engine; their uploads are ignored (tests/algorithms/test_fedipg.py: corrupting the exited
 clients' data leaves the global model bit-identical). Default λ = 1e-3 (the paper's good range is
 [1e-4, 1e-2]).
 

@@ -21,7 +21,7 @@ with α = 0.005 (its ``learning_rate``, the inner step) and β = 0.001 (its ``be
 the pathological split (40 rounds, seed 0, lr 0.05): val 89.2 / 90.0 / 91.5, test 89.5 /
 90.8 / 91.6, worst client 82.0 / 84.8 / 61.2 (docs/methods/personalization.md). With another
 run lr, scale α with it. Tested: one adaptation step at the default lowers the toy
-clients' training loss by more than 2 % (tests/algorithms/test_personalization_fidelity.py).
+clients' training loss by more than 2 % (tests/algorithms/test_perfedavg.py).
 d is the exact Hessian-vector product (forward-over-reverse ``torch.func.jvp`` of the
 gradient: no Hessian is formed) by default, or the paper's
 finite difference [∇f(w + δg; D'') − ∇f(w − δg; D'')] / 2δ with ``hessian = "difference"``.

@@ -1,4 +1,5 @@
-"""Shared loss pieces of the invariant personalized methods, against hand-computed values."""
+"""Representation losses of the invariant personalized methods
+(src/fedshift/algorithms/common/representation.py), against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import math
 
 import torch
 
-from fedshift.algorithms.common.proximal import prox_solve, report_as
 from fedshift.algorithms.common.representation import (
     conditional_correlation_l1,
     conditional_cross_moment_l1,
@@ -94,21 +94,3 @@ def test_gradcheck_representation_losses():
     assert torch.autograd.gradcheck(lambda a, b: conditional_correlation_l1(a, b, y, w, 2), (z, p))
     logits = torch.randn(3, 4, 2, dtype=D, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda a: environment_disagreement(a, w), (logits,))
-
-
-def test_prox_solve_on_a_quadratic():
-    # f(θ) = ½‖θ − a‖², prox weight λ: each GD step θ ← θ − η((θ − a) + λ(θ − w))
-    a, w0, t0 = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([1.0])
-    lam, lr, k = 3.0, 0.1, 4
-    out = prox_solve(lambda t: 0.5 * ((t["v"] - a) ** 2).sum(), {"v": t0}, {"v": w0}, lam, lr, k)
-    t = t0.clone()
-    for _ in range(k):
-        t = t - lr * ((t - a) + lam * (t - w0))
-    torch.testing.assert_close(out["v"], t)
-
-
-def test_report_as_keeps_the_gradient_and_shows_the_value():
-    x = torch.tensor(2.0, requires_grad=True)
-    r = report_as(x**2, torch.tensor(7.0))
-    (gx,) = torch.autograd.grad(r, x)
-    assert r.item() == 7.0 and gx.item() == 4.0
