@@ -340,3 +340,15 @@ def test_mlr_is_flatten_then_linear():
     assert [k for k, _ in model.named_parameters()] == ["head.weight", "head.bias"]
     x = torch.randn(5, 3, 4, 4)
     torch.testing.assert_close(model(x), x.reshape(5, -1) @ model.head.weight.T + model.head.bias)
+
+
+def test_binary_head_is_one_logit_bce():
+    model = build_model("mlp", (4,), 2, {"hidden": [3], "binary_head": True, "init": "xavier"})
+    x, y = torch.randn(7, 4), torch.randint(0, 2, (7,))
+    logits = model(x)
+    assert (logits[:, 0] == 0).all()
+    z = logits[:, 1]
+    torch.testing.assert_close(
+        F.cross_entropy(logits, y), F.binary_cross_entropy_with_logits(z, y.float())
+    )
+    assert all((m.bias == 0).all() for m in model.modules() if isinstance(m, torch.nn.Linear))
