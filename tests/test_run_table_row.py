@@ -134,7 +134,9 @@ def test_a_row_of_a_shipped_table(shared_datasets, tmp_path):
     got = RunStore(db).run(s["run_id"])["config"]
     assert got == want
     assert got["algorithm.alpha"] == 30.0 and got["algorithm.lambda_"] == 300.0
-    assert got["local_epochs"] == 10 and got["batch_size"] == 64 and got["lr"] == 0.1
+    assert (
+        got["local_epochs"] == 10 and got["batch_size"] == 64 and got["lr"] == 0.01
+    )  # FedPIN's own validated lr
 
 
 def test_a_table_with_a_fixed_partition_builds_it_with_that_seed(tiny, tmp_path):
