@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from toy import power_cut_at
 from typer.testing import CliRunner
 
 from fedshift.cli import app
@@ -362,25 +363,13 @@ def test_resume_reuses_finished_runs_and_continues_a_stopped_one(tmp_path, monke
     """A table that outlives a session: `--resume` reuses the store's finished runs of the
     same configuration and continues a stopped one from its checkpoint, with the numbers of
     an uninterrupted table."""
-    from fedshift.engine.runner import Runner
-
     path = tmp_path / "two.toml"
     path.write_text(TWO.replace("rounds = 2", "rounds = 4\ncheckpoint_every = 1"))
     reference = reproduce(str(path), db=tmp_path / "ref.db", out_dir=tmp_path / "ref")
     db = tmp_path / "runs.db"
-    original = Runner.train_round
-    calls = {"n": 0}
-
-    def crash_in_the_seventh_round(self, r):  # FedAvg, seed 1, its third round
-        calls["n"] += 1
-        if calls["n"] == 7:
-            raise RuntimeError("session ended")
-        return original(self, r)
-
-    monkeypatch.setattr(Runner, "train_round", crash_in_the_seventh_round)
-    with pytest.raises(RuntimeError):
+    # the seventh round trained: FedAvg, seed 1, its third round
+    with power_cut_at(monkeypatch, call=7), pytest.raises(RuntimeError):
         reproduce(str(path), db=db, out_dir=tmp_path / "a")
-    monkeypatch.setattr(Runner, "train_round", original)
     before = {r["run_id"]: r["status"] for r in RunStore(db).runs()}
     assert sorted(before.values()) == ["done", "failed"]
     out = reproduce(str(path), db=db, out_dir=tmp_path / "b", resume=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from toy import power_cut_at
 from typer.testing import CliRunner
 
 from fedshift.cli import app
@@ -69,7 +70,6 @@ def test_resume_reuses_finished_runs_and_continues_a_stopped_one(tmp_path, monke
     """A sweep that outlives a session: ``--resume`` takes the store's finished runs as they
     are and continues a stopped one from its checkpoint; the summary equals an
     uninterrupted sweep's, and resuming again trains nothing."""
-    from fedshift.engine.runner import Runner
     from fedshift.sweep import run_sweep
 
     fixed = {"scenario": "digits-shortcut", "algorithm": "fedavg", "rounds": 3}
@@ -77,19 +77,9 @@ def test_resume_reuses_finished_runs_and_continues_a_stopped_one(tmp_path, monke
     grid = {"lr": ["0.05", "0.2"]}
     reference = run_sweep(None, fixed, grid, [0, 1], tmp_path / "ref.db")
     db = tmp_path / "runs.db"
-    original = Runner.train_round
-    calls = {"n": 0}
-
-    def crash_in_the_eighth_round(self, r):  # lr 0.2, seed 0, its second round
-        calls["n"] += 1
-        if calls["n"] == 8:
-            raise RuntimeError("session ended")
-        return original(self, r)
-
-    monkeypatch.setattr(Runner, "train_round", crash_in_the_eighth_round)
-    with pytest.raises(RuntimeError):
+    # the eighth round trained: lr 0.2, seed 0, its second round
+    with power_cut_at(monkeypatch, call=8), pytest.raises(RuntimeError):
         run_sweep(None, fixed, grid, [0, 1], db)
-    monkeypatch.setattr(Runner, "train_round", original)
     before = {r["run_id"]: r["status"] for r in RunStore(db).runs()}
     assert sorted(before.values()) == ["done", "done", "failed"]
     out = run_sweep(None, fixed, grid, [0, 1], db, resume=True)

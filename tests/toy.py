@@ -56,14 +56,17 @@ def algorithm_test_data(algorithm: str):
 
 
 @contextmanager
-def power_cut_at(monkeypatch, round_: int):
-    """Make ``Runner.train_round`` raise in round ``round_`` (a simulated crash), then undo it."""
+def power_cut_at(monkeypatch, round_: int | None = None, *, call: int | None = None):
+    """Make ``Runner.train_round`` raise in round ``round_`` of every run, or at its
+    ``call``-th call counted over the runs of a command (a simulated crash), then undo it."""
     from fedshift.engine.runner import Runner
 
     original = Runner.train_round
+    calls = [0]
 
     def crash(self, r):
-        if r == round_:
+        calls[0] += 1
+        if r == round_ or calls[0] == call:
             raise RuntimeError("power cut")
         return original(self, r)
 

@@ -91,7 +91,7 @@ class GridPoint:
     params: dict[str, str]
     run_ids: list[str | None] = field(default_factory=list)
     val: list[float | None] = field(default_factory=list)
-    summaries: list[dict] = field(default_factory=list)
+    metrics: list[dict] = field(default_factory=list)  # each seed's final metrics
     diverged: str | None = None  # why one of its runs diverged (its other seeds not run)
 
     def result(self) -> dict[str, Any]:
@@ -106,7 +106,7 @@ class GridPoint:
                 "diverged": self.diverged,
             }
         vm, vs = mean_std(self.val)
-        mean, std = over_seeds([s["metrics"] for s in self.summaries])
+        mean, std = over_seeds(self.metrics)
         return {
             "params": dict(self.params),
             "run_ids": list(self.run_ids),
@@ -171,7 +171,7 @@ def run_sweep(
                     "a sweep selects by validation accuracy only (never by test)"
                 )
             point.val.append(run.val)
-            point.summaries.append({"metrics": run.metrics})
+            point.metrics.append(run.metrics)
         done.append(point.result())
 
     best, usable = select_point(done)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import PFL_SIZES as SIZES
 from helpers import pfl_run as run
-from toy import toy_data
+from toy import power_cut_at, toy_data
 
 import fedshift as fs
 from fedshift.data.federated import FederatedData, Split
@@ -26,22 +26,12 @@ from fedshift.engine.contract import flatten
 )
 def test_resume_after_a_crash_is_bit_identical(tmp_path, monkeypatch, algorithm, options):
     from fedshift.api import resume
-    from fedshift.engine.runner import Runner
     from fedshift.results.store import RunStore
 
     kw = dict(rounds=4, algorithm_options=options, eval_every=2)
     reference = run(algorithm, **kw)
-    original = Runner.train_round
-
-    def crash_in_round_3(self, r):
-        if r == 3:
-            raise RuntimeError("power cut")
-        return original(self, r)
-
-    monkeypatch.setattr(Runner, "train_round", crash_in_round_3)
-    with pytest.raises(RuntimeError):
+    with power_cut_at(monkeypatch, 3), pytest.raises(RuntimeError):
         run(algorithm, db=tmp_path / "runs.db", checkpoint_every=2, **kw)
-    monkeypatch.setattr(Runner, "train_round", original)
     (rec,) = RunStore(tmp_path / "runs.db").runs()
     resumed = resume(rec["run_id"], tmp_path / "runs.db", data=toy_data(SIZES))
     assert resumed.metrics == reference.metrics

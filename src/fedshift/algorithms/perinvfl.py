@@ -154,6 +154,10 @@ class PerInvFL(Algorithm):
         pen = irmv1_penalty(logits, y, w)
         return (risk + weight * pen) / torch.clamp(weight, min=1.0), risk
 
+    def global_gradient(self, nu: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """Line 9's gradient ∇_ν L_INV^i(ν; D_i), and the plain risk R_i(ν)."""
+        return grad(lambda q: self.global_inv(q, buffers, extras, x, y, w), has_aux=True)(nu)
+
     @update_rule
     def local_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """One local iteration r (Alg. 1 lines 8–9): new θ_i, ν_i (and Adam state); logs
@@ -166,13 +170,10 @@ class PerInvFL(Algorithm):
         def personal(t: Tree):
             return self.local_inv(t, buffers, extras, x, y, w)
 
-        def global_loss(q: Tree):
-            return self.global_inv(q, buffers, extras, x, y, w)
-
         # line 8: S steps on (L_INV(θ) + β‖θ − ν_{i,r}‖²) / max(1, λ)
         beta = self.prox_weight(extras)
         theta = prox_solve(personal, params[PERSONAL], nu, 2 * beta, eta, self.hp.personal_steps)
-        g, risk = grad(global_loss, has_aux=True)(nu)  # line 9, lr γ = the run's lr
+        g, risk = self.global_gradient(nu, buffers, extras, x, y, w)  # line 9, lr γ = run's lr
         gamma = self.ctx.sgd.lr
         return {**{k: v - gamma * g[k] for k, v in nu.items()}, PERSONAL: theta}, risk
 
@@ -194,10 +195,7 @@ class PerInvFL(Algorithm):
             g = grad(personal)(theta)
             theta, mt, vt, kt = adam_step(theta, g, mt, vt, kt, hp.personal_lr or self.ctx.sgd.lr)
 
-        def global_loss(q: Tree):  # line 9, lr γ = the run's lr
-            return self.global_inv(q, buffers, extras, x, y, w)
-
-        g, risk = grad(global_loss, has_aux=True)(nu)
+        g, risk = self.global_gradient(nu, buffers, extras, x, y, w)  # line 9, lr γ = run's lr
         mn, vn = ({k: d[k] for k in nu} for d in (m, v))
         nu, mn, vn, kn = adam_step(nu, g, mn, vn, params["ak"]["nu"], self.ctx.sgd.lr)
         new = {

@@ -389,11 +389,12 @@ class LocalTrainer:
         steps: Tensor,
         order: Tensor,
         generators: list[torch.Generator] | None,
+        rule: bool,
     ) -> Tensor:
-        """Each client's whole schedule in turn with the un-batched step, SGD in place on
-        its slice of the stacked state; returns the per-client loss sums."""
+        """Each client's whole schedule in turn with the un-batched step, SGD (or the update
+        rule's values) in place on its slice of the stacked state; returns the per-client
+        loss sums."""
         step = self._step_fn(loss_fn, sgd, train_keys, batched=False)
-        rule = is_update_rule(loss_fn)
 
         def run_client(j: int) -> Tensor:
             work = call.client_state(j)  # views: updated in place
@@ -516,7 +517,7 @@ class LocalTrainer:
         )
         if active and self._runs_sequential(loss_fn, sgd, train_keys, call, active[0]):
             loss_sum += self._train_sequential(
-                loss_fn, sgd, train_keys, call, momentum, steps, order, generators
+                loss_fn, sgd, train_keys, call, momentum, steps, order, generators, rule
             )
             active = []
         step = self._step_fn(loss_fn, sgd, train_keys) if active else None

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
-from torch.func import grad
 
 from ...engine.contract import Tree
-from .losses import squared_distance
+from .proximal import prox_solve
 
 
 def moreau_iteration(
@@ -37,16 +35,8 @@ def moreau_iteration(
 ) -> tuple[Tree, Tree, Tensor]:
     """One local iteration on the minibatch that ``risk`` (θ → R(θ)) evaluates: the new θ
     and ω̃, and the mean of F over the S steps (each taken before its step)."""
-
-    def objective(th: Tree):
-        value = risk(th) + 0.5 * lambda_ * squared_distance(th, omega)
-        return value, value
-
-    total = torch.zeros(())
-    for _ in range(inner_steps):  # Alg. 1 lines 6–8: S steps on the same minibatch
-        g, value = grad(objective, has_aux=True)(theta)
-        theta = {k: theta[k] - inner_lr * g[k] for k in theta}
-        total = total + value
+    # Alg. 1 lines 6–8: S steps on the same minibatch (common.proximal.prox_solve)
+    theta, value = prox_solve(risk, theta, omega, lambda_, inner_lr, inner_steps, with_value=True)
     # ω̃ ← ω̃ − β·c·(ω̃ − θ) (pFedMe line 8: c = λ; CGPFL line 10: c = 2/N)
     omega = {k: omega[k] - omega_lr * omega_weight * (omega[k] - theta[k]) for k in omega}
-    return theta, omega, total / inner_steps
+    return theta, omega, value

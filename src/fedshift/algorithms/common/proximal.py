@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor
 from torch.func import grad
 
@@ -22,23 +23,33 @@ def prox_solve(
     lr: float,
     steps: int,
     gradient: Callable[[Tree], Tree] | None = None,
-) -> Tree:
+    *,
+    with_value: bool = False,
+):
     """``steps`` gradient steps (lr ``lr``) on loss(θ) + (λ/2)‖θ − anchor‖², from ``theta``.
-    Runs inside a (vmapped) loss; the result carries no gradient to ``theta`` or ``anchor``.
-    ``gradient`` (θ → ∇loss(θ), written out) replaces autograd of ``loss``."""
+    Runs inside a (vmapped) client step; the result carries no gradient to ``theta`` or
+    ``anchor``. ``gradient`` (θ → ∇loss(θ), written out) replaces autograd of ``loss``.
+    ``with_value``: also the objective's mean over the steps, each value taken before its
+    step (autograd only), as ``(θ, mean)``."""
     theta = {k: v.detach() for k, v in theta.items()}
     anchor = {k: v.detach() for k, v in anchor.items()}
 
-    def objective(t: Tree) -> Tensor:
-        return loss(t) + 0.5 * lam * squared_distance(t, anchor)
+    def objective(t: Tree):
+        value = loss(t) + 0.5 * lam * squared_distance(t, anchor)
+        return value, value
 
+    total = torch.zeros(())
     for _ in range(steps):
         if gradient is None:
-            g = grad(objective)(theta)
+            g, value = grad(objective, has_aux=True)(theta)
+            if with_value:
+                total = total + value
         else:
             g = gradient(theta)
             g = {k: g[k] + lam * (theta[k] - anchor[k]) for k in theta}
         theta = {k: theta[k] - lr * g[k] for k in theta}
+    if with_value:
+        return theta, total / steps
     return theta
 
 
