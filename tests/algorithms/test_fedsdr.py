@@ -143,6 +143,57 @@ def test_fedsdr_written_environment_gradient_is_autograds():
     assert grads["env.weight"][1, 2].abs().max() > 0
 
 
+@pytest.mark.parametrize("hidden", [[8], [8, 6]])
+@pytest.mark.parametrize("lambda_", [0.5, 1e3])  # ℓ_dis below the clamp, then above it
+def test_fedsdr_written_objectives_are_autograds_under_vmap(hidden, lambda_):
+    """ℓ_SD (Ψ's risk minus the clamped environment disagreement) and ℓ_SR (risk + γ·the
+    moment estimator against a fixed Ψ) differentiated by hand, against autograd, for a
+    cohort of three with a short batch, away from the initialisation."""
+    from fedshift.engine import local
+
+    options = {"gamma": 3.0, "lambda_": lambda_}
+    alg = experiment("fedsdr", options, model_options={"hidden": hidden}).algorithm
+    assert local.written_gradient(alg.sd_loss) is not None
+    assert local.written_gradient(alg.sr_risk) is not None
+    g = torch.Generator().manual_seed(0)
+    server = alg.init()
+    sd = {**server["sd"]["p"], "env.weight": server["env.weight"], "env.bias": server["env.bias"]}
+    c, b = 3, 9
+    sd = {k: v + 0.3 * torch.randn(c, *v.shape, generator=g) for k, v in sd.items()}
+    x = torch.randn(c, b, *alg.ctx.data.input_shape, generator=g)
+    y = torch.randint(0, alg.ctx.data.num_classes, (c, b), generator=g)
+    w = torch.ones(c, b)
+    w[2, 5:] = 0  # a short batch
+    model = {k: v for k, v in sd.items() if not k.startswith("env.")}
+    psi = {"psi": torch.randn(c, b, 4, generator=g)}
+    cases = [
+        (alg.sd_loss_gradient, alg.sd_loss, sd, {}),
+        (alg.sr_risk_gradient, alg.sr_risk, model, psi),
+    ]
+    for written, loss, params, extras in cases:
+        dims = (0, None, 0 if extras else None, 0, 0, 0)
+        grads, value = torch.func.vmap(written, in_dims=dims)(params, {}, extras, x, y, w)
+        want = torch.func.vmap(torch.func.grad(loss), in_dims=dims)(params, {}, extras, x, y, w)
+        torch.testing.assert_close(
+            value, torch.func.vmap(loss, in_dims=dims)(params, {}, extras, x, y, w)
+        )
+        for name in model:  # ω_e are fixed in ℓ_SD (not trained by it)
+            torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_fedsdr_written_objectives_train_as_autograd(monkeypatch):
+    from fedshift.engine import local
+
+    options = {"gamma": 3.0, "personal_epochs": 2}
+    written = run("fedsdr", options, rounds=3)
+    monkeypatch.setattr(local, "written_gradient", lambda loss: None)
+    autograd = run("fedsdr", options, rounds=3)
+    got = flatten(written.result.server)
+    for name, v in flatten(autograd.result.server).items():
+        torch.testing.assert_close(got[name], v, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(written.result.accuracy, autograd.result.accuracy)
+
+
 def _cmnist_available() -> bool:
     import os
     from pathlib import Path

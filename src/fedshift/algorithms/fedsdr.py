@@ -20,6 +20,8 @@ Requires environment ids in the training split (the method's known limitation).
 Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis §4.5.2).
 Not given by the thesis, ours: α_th = 1.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
+For an MLP, ℓ_SD's and ℓ_SR's (moment estimator) gradients are written out, as the
+environment classifiers' are (tested against autograd; the same numbers to float rounding).
 Ours, off by default: other shortcut views and estimators of Î (``shortcut_view``,
 ``mi_estimator``), in fedsdr_views.py.
 """
@@ -31,13 +33,22 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, gradient_by, stack, tree_map, weighted_mean
+from ..engine.contract import (
+    Tree,
+    cross_entropy_gradient,
+    gradient_by,
+    loss_scale,
+    stack,
+    tree_map,
+    weighted_mean,
+)
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.local_stats import client_rows
 from .common.losses import cross_entropy
 from .common.representation import (
+    class_centred,
     conditional_cross_moment_l1,
     environment_disagreement,
     features,
@@ -132,6 +143,26 @@ class ShortcutDiscovery(SignatureView):
     def env_logits(self, params: Tree, z):
         return torch.einsum("bd,ekd->ebk", z, params["env.weight"]) + params["env.bias"][:, None]
 
+    def sd_loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``sd_loss`` and its gradient (Ψ and ω only; the ω_e are fixed here) for an MLP.
+        With l_e = ω_e(z) and l̄ their mean over environments, ½ Σ_{e,e'} ‖l_e − l_e'‖² has
+        ∂/∂l_e = 2E(l_e − l̄); the clamp passes the gradient while λ·ℓ_dis ≤ α_th."""
+        ext = self.extractor()
+        z, cache = ext.forward(params, x)
+        head_w = params["head.weight"]
+        risk, d_logits, _ = cross_entropy_gradient(z @ head_w.T + params["head.bias"], y, w)
+        env = self.env_logits(params, z)  # [E, B, K]
+        scaled = self.hp.lambda_ * environment_disagreement(env, w)
+        passes = (scaled <= self.hp.alpha_th).to(z.dtype)  # ∂(−λ·ℓ_dis)/∂z below
+        d_env = (2 * env.shape[0] * self.hp.lambda_) * passes * (env - env.mean(0))
+        d_env = d_env * loss_scale(w)[None, :, None]
+        d_z = d_logits @ head_w - torch.einsum("ebk,ekd->bd", d_env, params["env.weight"])
+        grads = ext.backward(params, cache, d_z)
+        grads["head.weight"] = d_logits.T @ z
+        grads["head.bias"] = d_logits.sum(0)
+        return grads, risk - torch.clamp(scaled, max=self.hp.alpha_th)
+
+    @gradient_by(sd_loss_gradient, when=lambda self: self.extractor() is not None)
     def sd_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """ℓ_SD = R(ω∘Ψ) − min(α_th, λ·ℓ_dis) (eq. 4.5, practical clamp)."""
         m = self.ctx.model
@@ -173,6 +204,31 @@ class ShortcutDiscovery(SignatureView):
         ).T  # [E, B]
         return ((per * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
 
+    def sr_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``sr_risk`` with the moment estimator and its gradient for an MLP: with C the
+        class-centred Ψ (fixed) and M = Σ_b s_b Φ_b C_bᵀ, ∂‖M‖₁/∂Φ_b = s_b·sign(M) C_b."""
+        ext = self.extractor()
+        phi, cache = ext.forward(params, x)
+        head_w = params["head.weight"]
+        risk, d_logits, _ = cross_entropy_gradient(phi @ head_w.T + params["head.bias"], y, w)
+        d_phi = d_logits @ head_w
+        psi = extras["psi"] if "psi" in extras else self.shortcut(extras, x)
+        value = risk
+        if psi.shape[1] > 0:
+            centred = class_centred(psi, y, w, self.ctx.data.num_classes)
+            scale = loss_scale(w)
+            moment = (phi * scale[:, None]).T @ centred  # [d_Φ, d_Ψ]
+            value = risk + self.hp.gamma * moment.abs().sum()
+            d_phi = d_phi + self.hp.gamma * scale[:, None] * (centred @ moment.sign().T)
+        grads = ext.backward(params, cache, d_phi)
+        grads["head.weight"] = d_logits.T @ phi
+        grads["head.bias"] = d_logits.sum(0)
+        return grads, value
+
+    @gradient_by(
+        sr_risk_gradient,
+        when=lambda self: self.extractor() is not None and self.hp.mi_estimator == "moment",
+    )
     def sr_risk(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """ℓ_SR = R(f_u) + γ·Î(Φ_u; Ψ | Y) (eq. 4.8; Î by ``mi_estimator``, the §4.4.2
         estimator by default); Ψ and the shortcut view's inputs in extras."""

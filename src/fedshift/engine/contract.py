@@ -194,7 +194,7 @@ class Algorithm(ABC):
     def extractor(self):
         """The model's extractor Φ as forward/backward functions (``mlp_extractor``) for an
         MLP, else ``None``: for methods that write out the gradient of their own terms on
-        Φ(x) (FedSR, FedIIR, FedPIN)."""
+        Φ(x) (FedSR, FedIIR, FedPIN, FedSDR)."""
         if not hasattr(self, "_extractor"):
             self._extractor = mlp_extractor(self.ctx.model)
         return self._extractor

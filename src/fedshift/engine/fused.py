@@ -242,7 +242,7 @@ class MLPChain:
     ``forward(params, x) -> (output, cache)`` and ``backward(params, cache, ∂/∂output) -> ∇
     of the layers' parameters``. The whole model gives ``mlp_risk_gradient``; its extractor
     Φ (``mlp_extractor``) serves methods that put their own terms between Φ(x) and the loss
-    and write the gradient out (FedSR, FedIIR, FedPIN)."""
+    and write the gradient out (FedSR, FedIIR, FedPIN, FedSDR)."""
 
     layers: tuple[Layer, ...]
 
