@@ -280,10 +280,10 @@ def test_written_gradients_train_as_autograd(monkeypatch, algorithm):
 
 
 @pytest.mark.parametrize("hidden", [[16], [16, 8]])
-def test_fedsr_written_gradient_is_autograds_under_vmap(hidden):
+def test_fedsr_written_gradient_is_autograds_for_the_cohort(hidden):
     """FedSR's whole objective (risk of ω(z), L2R, the CMI bound with its learned reference
-    Gaussians and scale) differentiated by hand, against autograd, on a short batch and
-    at a point away from the initialisation."""
+    Gaussians and scale) differentiated by hand for a cohort of three at once, against
+    autograd per client, on a short batch and at a point away from the initialisation."""
     data = toy_data()
     cfg = fs.make_config(algorithm="fedsr", **dict(SETTINGS, model_options={"hidden": hidden}))
     alg = build_experiment(cfg, data=data).algorithm
@@ -297,9 +297,7 @@ def test_fedsr_written_gradient_is_autograds_under_vmap(hidden):
     w = torch.ones(3, 9)
     w[2, 5:] = 0  # a short batch
     extras = {"eps": torch.randn(3, 9, alg.dim)}
-    grads, value = torch.func.vmap(alg.loss_gradient, in_dims=(0, None, 0, 0, 0, 0))(
-        params, {}, extras, x, y, w
-    )
+    grads, value = alg.loss_gradient(params, {}, extras, x, y, w)  # the whole cohort at once
     want = torch.func.vmap(torch.func.grad(alg.loss), in_dims=(0, None, 0, 0, 0, 0))(
         params, {}, extras, x, y, w
     )

@@ -98,54 +98,58 @@ class FedSR(FedAvg):
         return out[..., : self.dim], F.softplus(out[..., self.dim :])
 
     def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """``loss`` and its gradient written out for an MLP: ω(z) and the two regularisers
-        back to z = μ + σ·ε, through σ = softplus and the rep layer A to Φ(x), then the
-        extractor's backward. For small models autograd's fixed cost is most of a step."""
+        """``loss`` and its gradient written out for an MLP, for the whole cohort at once
+        (a leading client axis on every tensor; the engine calls it without ``vmap``, whose
+        per-operation cost was most of this step): ω(z) and the two regularisers back to
+        z = μ + σ·ε, through σ = softplus and the rep layer A to Φ(x), then the extractor's
+        backward. Returns every client's gradients and loss [C]."""
         ext, d, k = self.extractor(), self.dim, self.ctx.data.num_classes
-        phi, cache = ext.forward(params, x)
+        phi, cache = ext.forward(params, x)  # [C, B, F]
         rep_w, rep_b = params["fedsr.rep.weight"], params["fedsr.rep.bias"]
-        out = phi @ rep_w.T + rep_b
+        out = phi @ rep_w.transpose(-1, -2) + rep_b.unsqueeze(-2)
         mu, raw = out[..., :d], out[..., d:]
         sigma = F.softplus(raw)
-        eps = extras["eps"][: x.shape[0]]
+        eps = extras["eps"][:, : x.shape[1]]
         z = mu + sigma * eps
         head_w = params["head.weight"]
-        logits = z @ head_w.T + params["head.bias"]
+        logits = z @ head_w.transpose(-1, -2) + params["head.bias"].unsqueeze(-2)
         risk, delta, _ = cross_entropy_gradient(logits, y, w)  # δ = ∂risk/∂logits
         scale = loss_scale(w)  # per-sample weight of every mean below
-        target = (y[:, None] == torch.arange(k, device=y.device)).to(logits.dtype)
+        target = (y[..., None] == torch.arange(k, device=y.device)).to(logits.dtype)
         norm = z.norm(dim=-1)
-        unit = torch.where(norm[:, None] > 0, z / norm.clamp(min=1e-30)[:, None], 0.0)
-        dz = delta @ head_w + (self.hp.l2r * scale)[:, None] * unit
+        unit = torch.where(norm[..., None] > 0, z / norm.clamp(min=1e-30)[..., None], 0.0)
+        dz = delta @ head_w + (self.hp.l2r * scale)[..., None] * unit
         # KL(N(Cμ, (Cσ)²) ‖ N(r_μ[y], r_σ[y]²)) per dimension, and its partial derivatives
-        c = params["fedsr.scale"]
-        ref_mu = params["fedsr.ref_mu"][y]
-        ref_raw = params["fedsr.ref_sigma"][y]
+        c = params["fedsr.scale"][:, None, None]
+        label = y[..., None]
+        ref_mu = torch.take_along_dim(params["fedsr.ref_mu"], label, dim=-2)  # r_μ[y]
+        ref_raw = torch.take_along_dim(params["fedsr.ref_sigma"], label, dim=-2)
         ref_sigma = F.softplus(ref_raw)
         m, s = mu * c, sigma * c
         gap = m - ref_mu
         kl = torch.log(ref_sigma) - torch.log(s) + (s**2 + gap**2) / (2 * ref_sigma**2) - 0.5
-        weight = (self.hp.cmi * scale)[:, None]
+        weight = (self.hp.cmi * scale)[..., None]
         d_m = weight * gap / ref_sigma**2
         d_s = weight * (s / ref_sigma**2 - 1 / s)
         d_ref_sigma = weight * (1 / ref_sigma - (s**2 + gap**2) / ref_sigma**3)
         d_out = torch.cat([dz + d_m * c, (dz * eps + d_s * c) * torch.sigmoid(raw)], -1)
         grads = ext.backward(params, cache, d_out @ rep_w)
+        by_class = target.transpose(-1, -2)  # [C, K, B]
         grads.update(
             {
-                "fedsr.rep.weight": d_out.T @ phi,
-                "fedsr.rep.bias": d_out.sum(0),
-                "head.weight": delta.T @ z,
-                "head.bias": delta.sum(0),
-                "fedsr.ref_mu": target.T @ -d_m,
-                "fedsr.ref_sigma": target.T @ (d_ref_sigma * torch.sigmoid(ref_raw)),
-                "fedsr.scale": (d_m * mu).sum() + (d_s * sigma).sum(),
+                "fedsr.rep.weight": d_out.transpose(-1, -2) @ phi,
+                "fedsr.rep.bias": d_out.sum(-2),
+                "head.weight": delta.transpose(-1, -2) @ z,
+                "head.bias": delta.sum(-2),
+                "fedsr.ref_mu": by_class @ -d_m,
+                "fedsr.ref_sigma": by_class @ (d_ref_sigma * torch.sigmoid(ref_raw)),
+                "fedsr.scale": (d_m * mu).sum((-2, -1)) + (d_s * sigma).sum((-2, -1)),
             }
         )
-        cmi = (kl.sum(-1) * scale).sum()
-        return grads, risk + self.hp.l2r * (norm * scale).sum() + self.hp.cmi * cmi
+        cmi = (kl.sum(-1) * scale).sum(-1)
+        return grads, risk + self.hp.l2r * (norm * scale).sum(-1) + self.hp.cmi * cmi
 
-    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None)
+    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         mu, sigma = self.distribution(params, buffers, x)
         z = mu + sigma * extras["eps"][: x.shape[0]]

@@ -238,22 +238,25 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
 
 @dataclass(frozen=True)
 class MLPChain:
-    """Linear(+ReLU) layers of an MLP as two pure functions for ONE client (vmappable):
-    ``forward(params, x) -> (output, cache)`` and ``backward(params, cache, ∂/∂output) -> ∇
-    of the layers' parameters``. The whole model gives ``mlp_risk_gradient``; its extractor
-    Φ (``mlp_extractor``) serves methods that put their own terms between Φ(x) and the loss
-    and write the gradient out (FedSR, FedIIR, FedPIN, FedSDR)."""
+    """Linear(+ReLU) layers of an MLP as two pure functions: ``forward(params, x) ->
+    (output, cache)`` and ``backward(params, cache, ∂/∂output) -> ∇ of the layers'
+    parameters``, for ONE client (vmappable) or, when the weights carry a leading client
+    axis ([C, out, in]), for a whole cohort at once (x [C, B, …]; for gradients written with
+    ``gradient_by(batched=True)``). The whole model gives ``mlp_risk_gradient``; its
+    extractor Φ (``mlp_extractor``) serves methods that put their own terms between Φ(x) and
+    the loss and write the gradient out (FedSR, FedIIR, FedPIN, FedSDR)."""
 
     layers: tuple[Layer, ...]
 
     def forward(self, params: Tree, x: Tensor) -> tuple[Tensor, list[Tensor]]:
-        a = x.reshape(x.shape[0], -1)
+        lead = params[self.layers[0].weight].dim() - 1  # 1, or 2 with a client axis
+        a = x.reshape(*x.shape[:lead], -1)
         inputs = []  # input of each layer, then the output
         for layer in self.layers:
             inputs.append(a)
-            a = a @ params[layer.weight].T
+            a = a @ params[layer.weight].transpose(-1, -2)
             if layer.bias is not None:
-                a = a + params[layer.bias]
+                a = a + params[layer.bias].unsqueeze(-2)
             if layer.relu:
                 a = a.clamp_min(0)
         return a, [*inputs, a]
@@ -264,9 +267,9 @@ class MLPChain:
             layer = self.layers[i]
             if layer.relu:  # ReLU's backward, as autograd computes it (output > 0)
                 delta = torch.where(cache[i + 1] > 0, delta, torch.zeros_like(delta))
-            grads[layer.weight] = delta.T @ cache[i]
+            grads[layer.weight] = delta.transpose(-1, -2) @ cache[i]
             if layer.bias is not None:
-                grads[layer.bias] = delta.sum(0)
+                grads[layer.bias] = delta.sum(-2)
             if i > 0:
                 delta = delta @ params[layer.weight]
         return grads

@@ -29,12 +29,13 @@ def loss_scale(w: Tensor) -> Tensor:
 def cross_entropy_gradient(logits: Tensor, y: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``cross_entropy`` of one client's minibatch written out with its gradient: (risk,
     δ = ∂risk/∂logits = (softmax − one-hot)·w_b / max(Σw, 1), log-softmax), for gradients
-    written by hand (``gradient_by``; vmappable)."""
+    written by hand (``gradient_by``; vmappable). With a leading client axis (logits
+    [C, B, K]) it is every client's at once, the risk [C]."""
     logp = torch.log_softmax(logits, -1)
     scale = loss_scale(w)
-    target = (y[:, None] == torch.arange(logits.shape[-1], device=y.device)).to(logits.dtype)
-    risk = -(scale * (logp * target).sum(-1)).sum()
-    return risk, (logp.exp() - target) * scale[:, None], logp
+    target = (y[..., None] == torch.arange(logits.shape[-1], device=y.device)).to(logits.dtype)
+    risk = -(scale * (logp * target).sum(-1)).sum(-1)
+    return risk, (logp.exp() - target) * scale[..., None], logp
 
 
 def gradient_by(
