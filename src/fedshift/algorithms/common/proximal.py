@@ -30,7 +30,7 @@ def prox_solve(
     Runs inside a (vmapped) client step; the result carries no gradient to ``theta`` or
     ``anchor``. ``gradient`` (θ → ∇loss(θ), written out) replaces autograd of ``loss``.
     ``with_value``: also the objective's mean over the steps, each value taken before its
-    step (autograd only), as ``(θ, mean)``."""
+    step, as ``(θ, mean)`` (autograd only: not with ``gradient``)."""
     theta = {k: v.detach() for k, v in theta.items()}
     anchor = {k: v.detach() for k, v in anchor.items()}
 
@@ -38,15 +38,22 @@ def prox_solve(
         value = loss(t) + 0.5 * lam * squared_distance(t, anchor)
         return value, value
 
+    if gradient is not None:
+        if with_value:
+            raise ValueError("prox_solve: with_value needs autograd (gradient=None)")
+        # θ ← θ − lr·(∇f(θ) + λ(θ − anchor)) = (1 − lr·λ)·θ + lr·λ·anchor − lr·∇f(θ): two
+        # passes over θ a step instead of five (the pull's term computed once)
+        pull = {k: (lr * lam) * anchor[k] for k in theta}
+        for _ in range(steps):
+            g = gradient(theta)
+            theta = {k: torch.add(pull[k], theta[k], alpha=1 - lr * lam).sub_(g[k], alpha=lr)
+                     for k in theta}  # fmt: skip
+        return theta
     total = torch.zeros(())
     for _ in range(steps):
-        if gradient is None:
-            g, value = grad(objective, has_aux=True)(theta)
-            if with_value:
-                total = total + value
-        else:
-            g = gradient(theta)
-            g = {k: g[k] + lam * (theta[k] - anchor[k]) for k in theta}
+        g, value = grad(objective, has_aux=True)(theta)
+        if with_value:
+            total = total + value
         theta = {k: theta[k] - lr * g[k] for k in theta}
     if with_value:
         return theta, total / steps
