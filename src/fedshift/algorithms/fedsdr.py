@@ -147,20 +147,31 @@ class ShortcutDiscovery(SignatureView):
         """``sd_loss`` and its gradient (Ψ and ω only; the ω_e are fixed here) for an MLP.
         With l_e = ω_e(z) and l̄ their mean over environments, ½ Σ_{e,e'} ‖l_e − l_e'‖² has
         ∂/∂l_e = 2E(l_e − l̄); the clamp passes the gradient while λ·ℓ_dis ≤ α_th."""
-        ext = self.extractor()
-        z, cache = ext.forward(params, x)
-        head_w = params["head.weight"]
-        risk, d_logits, _ = cross_entropy_gradient(z @ head_w.T + params["head.bias"], y, w)
+        z, cache, risk, d_logits = self.head_risk(params, x, y, w)
         env = self.env_logits(params, z)  # [E, B, K]
         scaled = self.hp.lambda_ * environment_disagreement(env, w)
         passes = (scaled <= self.hp.alpha_th).to(z.dtype)  # ∂(−λ·ℓ_dis)/∂z below
         d_env = (2 * env.shape[0] * self.hp.lambda_) * passes * (env - env.mean(0))
         d_env = d_env * loss_scale(w)[None, :, None]
-        d_z = d_logits @ head_w - torch.einsum("ebk,ekd->bd", d_env, params["env.weight"])
-        grads = ext.backward(params, cache, d_z)
+        d_z = -torch.einsum("ebk,ekd->bd", d_env, params["env.weight"])
+        grads = self.head_risk_backward(params, cache, z, d_logits, d_z)
+        return grads, risk - torch.clamp(scaled, max=self.hp.alpha_th)
+
+    def head_risk(self, params: Tree, x, y, w):
+        """Φ(x) through the MLP extractor, the linear head's risk and ∂risk/∂logits: the
+        common start of the written ℓ_SD and ℓ_SR gradients."""
+        z, cache = self.extractor().forward(params, x)
+        logits = z @ params["head.weight"].T + params["head.bias"]
+        risk, d_logits, _ = cross_entropy_gradient(logits, y, w)
+        return z, cache, risk, d_logits
+
+    def head_risk_backward(self, params: Tree, cache, z, d_logits, d_z):
+        """Every gradient from ∂risk/∂logits plus the objective's own ∂/∂Φ(x) ``d_z``."""
+        d_z = d_logits @ params["head.weight"] + d_z
+        grads = self.extractor().backward(params, cache, d_z)
         grads["head.weight"] = d_logits.T @ z
         grads["head.bias"] = d_logits.sum(0)
-        return grads, risk - torch.clamp(scaled, max=self.hp.alpha_th)
+        return grads
 
     @gradient_by(sd_loss_gradient, when=lambda self: self.extractor() is not None)
     def sd_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
@@ -207,23 +218,16 @@ class ShortcutDiscovery(SignatureView):
     def sr_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """``sr_risk`` with the moment estimator and its gradient for an MLP: with C the
         class-centred Ψ (fixed) and M = Σ_b s_b Φ_b C_bᵀ, ∂‖M‖₁/∂Φ_b = s_b·sign(M) C_b."""
-        ext = self.extractor()
-        phi, cache = ext.forward(params, x)
-        head_w = params["head.weight"]
-        risk, d_logits, _ = cross_entropy_gradient(phi @ head_w.T + params["head.bias"], y, w)
-        d_phi = d_logits @ head_w
+        phi, cache, risk, d_logits = self.head_risk(params, x, y, w)
         psi = extras["psi"] if "psi" in extras else self.shortcut(extras, x)
-        value = risk
+        value, d_phi = risk, torch.zeros_like(phi)
         if psi.shape[1] > 0:
             centred = class_centred(psi, y, w, self.ctx.data.num_classes)
             scale = loss_scale(w)
             moment = (phi * scale[:, None]).T @ centred  # [d_Φ, d_Ψ]
             value = risk + self.hp.gamma * moment.abs().sum()
-            d_phi = d_phi + self.hp.gamma * scale[:, None] * (centred @ moment.sign().T)
-        grads = ext.backward(params, cache, d_phi)
-        grads["head.weight"] = d_logits.T @ phi
-        grads["head.bias"] = d_logits.sum(0)
-        return grads, value
+            d_phi = self.hp.gamma * scale[:, None] * (centred @ moment.sign().T)
+        return self.head_risk_backward(params, cache, phi, d_logits, d_phi), value
 
     @gradient_by(
         sr_risk_gradient,
