@@ -336,8 +336,8 @@ def test_fediir_written_gradient_is_autograds_double_backprop():
 
 def test_fedpin_written_global_gradient_is_autograds():
     """FedPIN's L_g^u (ω_g's risk scaled by 1+α, Φ_g's reversed step against ω_a, ω_a's own
-    risk on detached features) differentiated by hand, against autograd; not taken for the
-    forms it does not cover (fitting steps, floor)."""
+    risk on detached features) differentiated by hand for the whole cohort at once, against
+    autograd per client; not taken for the forms it does not cover (fitting steps, floor)."""
     data = toy_data()
     cfg = fs.make_config(algorithm="fedpin", **dict(SETTINGS, model_options={"hidden": [16, 8]}))
     alg = build_experiment(cfg, data=data).algorithm
@@ -358,7 +358,9 @@ def test_fedpin_written_global_gradient_is_autograds():
     w[0, 7:] = 0
     extras = {"alpha": torch.tensor(2.5)}
     dims = (0, None, {"alpha": None}, 0, 0, 0)
-    grads, value = torch.func.vmap(alg.global_gradient, in_dims=dims)(params, {}, extras, x, y, w)
+    # the whole cohort at once (alpha given the client axis, as the engine's batched step does)
+    cohort_extras = {"alpha": extras["alpha"].expand(3)}
+    grads, value = alg.global_gradient(params, {}, cohort_extras, x, y, w)
     want = torch.func.vmap(torch.func.grad(alg.global_loss), in_dims=dims)(
         params, {}, extras, x, y, w
     )

@@ -186,32 +186,35 @@ class FedPIN(Algorithm):
         return plain and self.extractor() is not None
 
     def global_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """``global_loss`` and its gradient written out: with δ_g, δ_a the scaled
-        (softmax − one-hot) of ω_g and ω_a on z = Φ_g(x), ∇ω_g = (1+α)δ_gᵀz, ∇z =
-        (1+α)δ_gW_g − αδ_aW_a (the reversed step of Φ_g), ∇ω_a = δ_aᵀz (its own risk on
-        the detached features) for both of ω_a's parts."""
+        """``global_loss`` and its gradient written out, for the whole cohort at once (every
+        tensor with a leading client axis: ``gradient_by(batched=True)``, no ``vmap``): with
+        δ_g, δ_a the scaled (softmax − one-hot) of ω_g and ω_a on z = Φ_g(x), ∇ω_g =
+        (1+α)δ_gᵀz, ∇z = (1+α)δ_gW_g − αδ_aW_a (the reversed step of Φ_g), ∇ω_a = δ_aᵀz (its
+        own risk on the detached features) for both of ω_a's parts."""
         ext = self.extractor()
-        z, cache = ext.forward(params, x)
-        a = extras["alpha"]
+        z, cache = ext.forward(params, x)  # [C, B, d]
+        a = extras["alpha"]  # [C]
+        a3 = a[:, None, None]
 
         def risk_and_delta(weight, bias):
-            return cross_entropy_gradient(z @ weight.T + bias, y, w)[:2]
+            logits = z @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
+            return cross_entropy_gradient(logits, y, w)[:2]
 
         head_w = params["head.weight"]
         risk_g, delta_g = risk_and_delta(head_w, params["head.bias"])
         wa = params["aux.weight"] + params["aux.client_weight"]
         risk_a, delta_a = risk_and_delta(wa, params["aux.bias"] + params["aux.client_bias"])
-        grads = ext.backward(params, cache, (1 + a) * (delta_g @ head_w) - a * (delta_a @ wa))
-        grads["head.weight"] = (1 + a) * (delta_g.T @ z)
-        grads["head.bias"] = (1 + a) * delta_g.sum(0)
-        grads["aux.weight"] = delta_a.T @ z
-        grads["aux.bias"] = delta_a.sum(0)
+        grads = ext.backward(params, cache, (1 + a3) * (delta_g @ head_w) - a3 * (delta_a @ wa))
+        grads["head.weight"] = (1 + a3) * (delta_g.transpose(-1, -2) @ z)
+        grads["head.bias"] = (1 + a[:, None]) * delta_g.sum(-2)
+        grads["aux.weight"] = delta_a.transpose(-1, -2) @ z
+        grads["aux.bias"] = delta_a.sum(-2)
         # own tensors: the engine's SGD update may consume a gradient in place
         grads["aux.client_weight"] = grads["aux.weight"].clone()
         grads["aux.client_bias"] = grads["aux.bias"].clone()
         return grads, (1 + a) * risk_g - a * risk_a
 
-    @gradient_by(global_gradient, when=lambda self: self.global_written())
+    @gradient_by(global_gradient, when=lambda self: self.global_written(), batched=True)
     def global_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """L_g^u = (1+α)R(ω_g∘Φ_g) − αR(ω_a(Φ_g, u)), ω_a trained on its own risk."""
         m = self.ctx.model
