@@ -145,10 +145,10 @@ def test_fedsdr_written_environment_gradient_is_autograds():
 
 @pytest.mark.parametrize("hidden", [[8], [8, 6]])
 @pytest.mark.parametrize("lambda_", [0.5, 1e3])  # ℓ_dis below the clamp, then above it
-def test_fedsdr_written_objectives_are_autograds_under_vmap(hidden, lambda_):
+def test_fedsdr_written_objectives_are_autograds_for_the_cohort(hidden, lambda_):
     """ℓ_SD (Ψ's risk minus the clamped environment disagreement) and ℓ_SR (risk + γ·the
-    moment estimator against a fixed Ψ) differentiated by hand, against autograd, for a
-    cohort of three with a short batch, away from the initialisation."""
+    moment estimator against a fixed Ψ) differentiated by hand for a cohort of three at
+    once, against autograd per client, with a short batch, away from the initialisation."""
     from fedshift.engine import local
 
     options = {"gamma": 3.0, "lambda_": lambda_}
@@ -172,7 +172,7 @@ def test_fedsdr_written_objectives_are_autograds_under_vmap(hidden, lambda_):
     ]
     for written, loss, params, extras in cases:
         dims = (0, None, 0 if extras else None, 0, 0, 0)
-        grads, value = torch.func.vmap(written, in_dims=dims)(params, {}, extras, x, y, w)
+        grads, value = written(params, {}, extras, x, y, w)  # the whole cohort at once
         want = torch.func.vmap(torch.func.grad(loss), in_dims=dims)(params, {}, extras, x, y, w)
         torch.testing.assert_close(
             value, torch.func.vmap(loss, in_dims=dims)(params, {}, extras, x, y, w)

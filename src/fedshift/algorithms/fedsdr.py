@@ -141,27 +141,32 @@ class ShortcutDiscovery(SignatureView):
         }
 
     def env_logits(self, params: Tree, z):
-        return torch.einsum("bd,ekd->ebk", z, params["env.weight"]) + params["env.bias"][:, None]
+        """ω_e(z) of every environment classifier: [E, B, K] (with a client axis [C, E, B, K])."""
+        logits = torch.einsum("...bd,...ekd->...ebk", z, params["env.weight"])
+        return logits + params["env.bias"].unsqueeze(-2)
 
     def sd_loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """``sd_loss`` and its gradient (Ψ and ω only; the ω_e are fixed here) for an MLP.
-        With l_e = ω_e(z) and l̄ their mean over environments, ½ Σ_{e,e'} ‖l_e − l_e'‖² has
-        ∂/∂l_e = 2E(l_e − l̄); the clamp passes the gradient while λ·ℓ_dis ≤ α_th."""
+        """``sd_loss`` and its gradient (Ψ and ω only; the ω_e are fixed here) for an MLP,
+        the whole cohort at once (tensors [C, …]). With l_e = ω_e(z) and l̄ their mean over
+        environments, ½ Σ_{e,e'} ‖l_e − l_e'‖² has ∂/∂l_e = 2E(l_e − l̄); the clamp passes
+        the gradient while λ·ℓ_dis ≤ α_th."""
         z, cache, risk, d_logits = self.head_risk(params, x, y, w)
-        env = self.env_logits(params, z)  # [E, B, K]
-        scaled = self.hp.lambda_ * environment_disagreement(env, w)
+        env = self.env_logits(params, z)  # [C, E, B, K]
+        scaled = self.hp.lambda_ * environment_disagreement(env, w)  # [C]
         passes = (scaled <= self.hp.alpha_th).to(z.dtype)  # ∂(−λ·ℓ_dis)/∂z below
-        d_env = (2 * env.shape[0] * self.hp.lambda_) * passes * (env - env.mean(0))
-        d_env = d_env * loss_scale(w)[None, :, None]
-        d_z = -torch.einsum("ebk,ekd->bd", d_env, params["env.weight"])
+        centred = env - env.mean(-3, keepdim=True)
+        d_env = (2 * env.shape[-3] * self.hp.lambda_) * passes[:, None, None, None] * centred
+        d_env = d_env * loss_scale(w)[:, None, :, None]
+        d_z = -torch.einsum("cebk,cekd->cbd", d_env, params["env.weight"])
         grads = self.head_risk_backward(params, cache, z, d_logits, d_z)
         return grads, risk - torch.clamp(scaled, max=self.hp.alpha_th)
 
     def head_risk(self, params: Tree, x, y, w):
         """Φ(x) through the MLP extractor, the linear head's risk and ∂risk/∂logits: the
-        common start of the written ℓ_SD and ℓ_SR gradients."""
+        common start of the written ℓ_SD and ℓ_SR gradients (for one client or, with a
+        leading client axis on every tensor, the cohort)."""
         z, cache = self.extractor().forward(params, x)
-        logits = z @ params["head.weight"].T + params["head.bias"]
+        logits = z @ params["head.weight"].transpose(-1, -2) + params["head.bias"].unsqueeze(-2)
         risk, d_logits, _ = cross_entropy_gradient(logits, y, w)
         return z, cache, risk, d_logits
 
@@ -169,11 +174,11 @@ class ShortcutDiscovery(SignatureView):
         """Every gradient from ∂risk/∂logits plus the objective's own ∂/∂Φ(x) ``d_z``."""
         d_z = d_logits @ params["head.weight"] + d_z
         grads = self.extractor().backward(params, cache, d_z)
-        grads["head.weight"] = d_logits.T @ z
-        grads["head.bias"] = d_logits.sum(0)
+        grads["head.weight"] = d_logits.transpose(-1, -2) @ z
+        grads["head.bias"] = d_logits.sum(-2)
         return grads
 
-    @gradient_by(sd_loss_gradient, when=lambda self: self.extractor() is not None)
+    @gradient_by(sd_loss_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def sd_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """ℓ_SD = R(ω∘Ψ) − min(α_th, λ·ℓ_dis) (eq. 4.5, practical clamp)."""
         m = self.ctx.model
@@ -216,22 +221,27 @@ class ShortcutDiscovery(SignatureView):
         return ((per * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
 
     def sr_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """``sr_risk`` with the moment estimator and its gradient for an MLP: with C the
-        class-centred Ψ (fixed) and M = Σ_b s_b Φ_b C_bᵀ, ∂‖M‖₁/∂Φ_b = s_b·sign(M) C_b."""
+        """``sr_risk`` with the moment estimator and its gradient for an MLP, the whole
+        cohort at once (tensors [C, …]; Ψ's view of each row precomputed, ``extras["psi"]``):
+        with C the class-centred Ψ (fixed) and M = Σ_b s_b Φ_b C_bᵀ, ∂‖M‖₁/∂Φ_b =
+        s_b·sign(M) C_b."""
         phi, cache, risk, d_logits = self.head_risk(params, x, y, w)
-        psi = extras["psi"] if "psi" in extras else self.shortcut(extras, x)
+        psi = extras["psi"]  # [C, B, d_Ψ]
         value, d_phi = risk, torch.zeros_like(phi)
-        if psi.shape[1] > 0:
+        if psi.shape[-1] > 0:
             centred = class_centred(psi, y, w, self.ctx.data.num_classes)
-            scale = loss_scale(w)
-            moment = (phi * scale[:, None]).T @ centred  # [d_Φ, d_Ψ]
-            value = risk + self.hp.gamma * moment.abs().sum()
-            d_phi = self.hp.gamma * scale[:, None] * (centred @ moment.sign().T)
+            scale = loss_scale(w)[..., None]
+            moment = (phi * scale).transpose(-1, -2) @ centred  # [C, d_Φ, d_Ψ]
+            value = risk + self.hp.gamma * moment.abs().sum((-2, -1))
+            d_phi = self.hp.gamma * scale * (centred @ moment.sign().transpose(-1, -2))
         return self.head_risk_backward(params, cache, phi, d_logits, d_phi), value
 
     @gradient_by(
         sr_risk_gradient,
-        when=lambda self: self.extractor() is not None and self.hp.mi_estimator == "moment",
+        when=lambda self: (
+            self.extractor() is not None and self.per_sample() and self.hp.mi_estimator == "moment"
+        ),
+        batched=True,
     )
     def sr_risk(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """ℓ_SR = R(f_u) + γ·Î(Φ_u; Ψ | Y) (eq. 4.8; Î by ``mi_estimator``, the §4.4.2

@@ -34,7 +34,7 @@ def per_sample_model(model: torch.nn.Module, buffers: Tree) -> bool:
 
 def one_hot(labels: Tensor, n: int, dtype: torch.dtype) -> Tensor:
     """One-hot rows that work under vmap (``F.one_hot`` does not)."""
-    return (labels[:, None] == torch.arange(n, device=labels.device)).to(dtype)
+    return (labels[..., None] == torch.arange(n, device=labels.device)).to(dtype)
 
 
 def _batch_mean(z: Tensor, w: Tensor) -> Tensor:
@@ -62,11 +62,12 @@ def contrastive_loss(z: Tensor, positive: Tensor, negatives: Tensor, tau: float,
 
 
 def class_centred(v: Tensor, y: Tensor, w: Tensor, classes: int) -> Tensor:
-    """``v`` [B, d] minus the weighted mean of its rows with the same label."""
+    """``v`` [B, d] minus the weighted mean of its rows with the same label (with a leading
+    client axis, [C, B, d], each client's own batch)."""
     member = one_hot(y, classes, v.dtype)  # [B, K]
-    onehot = member * w[:, None]
-    class_mean = (onehot.T @ v) / onehot.sum(0).clamp(min=1.0)[:, None]  # [K, d]
-    return v - member @ class_mean
+    onehot = member * w[..., None]
+    class_mean = (onehot.transpose(-1, -2) @ v) / onehot.sum(-2).clamp(min=1.0)[..., None]
+    return v - member @ class_mean  # class_mean: [K, d]
 
 
 def conditional_cross_moment_l1(phi: Tensor, psi: Tensor, y: Tensor, w: Tensor, classes: int):
@@ -96,7 +97,8 @@ def conditional_correlation_l1(
 
 def environment_disagreement(logits: Tensor, w: Tensor) -> Tensor:
     """ℓ_dis of FedSDR's eq. (4.5): E_x[½ Σ_{e,e'} ‖ω_e(Ψ(x)) − ω_e'(Ψ(x))‖²] for ``logits``
-    [E, B, K], the outputs of the E environment classifiers on the same batch."""
-    diff = logits[:, None] - logits[None, :]  # [E, E, B, K]
-    per_sample = 0.5 * (diff**2).sum(dim=(0, 1, 3))
-    return sample_mean(per_sample, w)
+    [E, B, K], the outputs of the E environment classifiers on the same batch (with a
+    leading client axis, [C, E, B, K] → [C])."""
+    diff = logits.unsqueeze(-3) - logits.unsqueeze(-4)  # [E, E, B, K]
+    per_sample = 0.5 * (diff**2).sum(dim=(-4, -3, -1))
+    return (per_sample * w).sum(-1) / w.sum(-1).clamp(min=1.0)  # sample_mean per client
