@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .api import run
-from .data.root import dataset_files
+from .data.root import DATASETS, data_root, dataset_files
 from .errors import FedshiftError
 from .results.plots import plot_accuracy_per_env
 from .results.store import RunStore
@@ -131,10 +131,15 @@ def require_data(demo: Demo, data_dir: str | None) -> None:
     try:
         dataset_files(demo.dataset, data_dir=data_dir)
     except FedshiftError as e:
+        spec = DATASETS[demo.dataset]
+        if "not found" not in str(e):  # present but damaged (a checksum): say what it was
+            raise FedshiftError(f"the {demo.scenario} demo cannot read {spec.title}: {e}") from None
         raise FedshiftError(
-            f"the {demo.scenario} demo needs {demo.dataset.upper()}: {e}; or run "
-            "`fedshift demo --scenario digits-shortcut` (scikit-learn's bundled digits, which "
-            "do not show the invariant methods' point)"
+            f"the {demo.scenario} demo reads {spec.title} from {data_root(data_dir) / spec.folder}"
+            f" and did not find its files there; point --data-dir or FEDSHIFT_DATA at a folder "
+            f"holding {spec.folder}/ (e.g. ../shared/datasets), or run `fedshift demo "
+            "--scenario digits-shortcut` (scikit-learn's bundled digits, which do not show the "
+            "invariant methods' point)"
         ) from None
 
 
