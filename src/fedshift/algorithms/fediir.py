@@ -25,6 +25,8 @@ from ..engine.contract import (
     Tree,
     cross_entropy_gradient,
     gradient_by,
+    linear,
+    linear_grads,
     loss_scale,
     select,
     weighted_mean,
@@ -66,20 +68,18 @@ class FedIIR(FedAvg):
         ext = self.extractor()
         z, cache = ext.forward(params, x)
         head_w, head_b = params["head.weight"], params["head.bias"]
-        logits = z @ head_w.T + head_b
-        risk, delta, logp = cross_entropy_gradient(logits, y, w)
+        risk, delta, logp = cross_entropy_gradient(linear(z, head_w, head_b), y, w)
         p, scale = logp.exp(), loss_scale(w)
         gbar, weight = extras["gbar"], extras["weight"]
-        e_w = delta.T @ z - gbar["head.weight"]
-        e_b = delta.sum(0) - gbar["head.bias"]
+        g_w, g_b = linear_grads(delta, z)  # ∇_ω R
+        e_w, e_b = g_w - gbar["head.weight"], g_b - gbar["head.bias"]
         penalty = (e_w**2).sum() + (e_b**2).sum()
-        m = 2 * (z @ e_w.T + e_b)  # [B, K]
+        m = 2 * linear(z, e_w, e_b)  # [B, K]
         jac = scale[:, None] * (p * m - p * (p * m).sum(-1, keepdim=True))
         d_logits = delta + weight * jac
         d_z = d_logits @ head_w + weight * 2 * (delta @ e_w)
         grads = ext.backward(params, cache, d_z)
-        grads["head.weight"] = d_logits.T @ z
-        grads["head.bias"] = d_logits.sum(0)
+        grads["head.weight"], grads["head.bias"] = linear_grads(d_logits, z)
         return grads, risk + weight * penalty
 
     @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None)

@@ -34,7 +34,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..engine.contract import Tree, cross_entropy_gradient, gradient_by, stack, weighted_mean
+from ..engine.contract import (
+    Tree,
+    cross_entropy_gradient,
+    gradient_by,
+    linear,
+    linear_grads,
+    stack,
+    weighted_mean,
+)
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
@@ -197,18 +205,16 @@ class FedPIN(Algorithm):
         a3 = a[:, None, None]
 
         def risk_and_delta(weight, bias):
-            logits = z @ weight.transpose(-1, -2) + bias.unsqueeze(-2)
-            return cross_entropy_gradient(logits, y, w)[:2]
+            return cross_entropy_gradient(linear(z, weight, bias), y, w)[:2]
 
         head_w = params["head.weight"]
         risk_g, delta_g = risk_and_delta(head_w, params["head.bias"])
         wa = params["aux.weight"] + params["aux.client_weight"]
         risk_a, delta_a = risk_and_delta(wa, params["aux.bias"] + params["aux.client_bias"])
         grads = ext.backward(params, cache, (1 + a3) * (delta_g @ head_w) - a3 * (delta_a @ wa))
-        grads["head.weight"] = (1 + a3) * (delta_g.transpose(-1, -2) @ z)
-        grads["head.bias"] = (1 + a[:, None]) * delta_g.sum(-2)
-        grads["aux.weight"] = delta_a.transpose(-1, -2) @ z
-        grads["aux.bias"] = delta_a.sum(-2)
+        head_gw, head_gb = linear_grads(delta_g, z)
+        grads["head.weight"], grads["head.bias"] = (1 + a3) * head_gw, (1 + a[:, None]) * head_gb
+        grads["aux.weight"], grads["aux.bias"] = linear_grads(delta_a, z)
         # own tensors: the engine's SGD update may consume a gradient in place
         grads["aux.client_weight"] = grads["aux.weight"].clone()
         grads["aux.client_bias"] = grads["aux.bias"].clone()

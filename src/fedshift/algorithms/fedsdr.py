@@ -37,6 +37,8 @@ from ..engine.contract import (
     Tree,
     cross_entropy_gradient,
     gradient_by,
+    linear,
+    linear_grads,
     loss_scale,
     stack,
     tree_map,
@@ -166,7 +168,7 @@ class ShortcutDiscovery(SignatureView):
         common start of the written ℓ_SD and ℓ_SR gradients (for one client or, with a
         leading client axis on every tensor, the cohort)."""
         z, cache = self.extractor().forward(params, x)
-        logits = z @ params["head.weight"].transpose(-1, -2) + params["head.bias"].unsqueeze(-2)
+        logits = linear(z, params["head.weight"], params["head.bias"])
         risk, d_logits, _ = cross_entropy_gradient(logits, y, w)
         return z, cache, risk, d_logits
 
@@ -174,8 +176,7 @@ class ShortcutDiscovery(SignatureView):
         """Every gradient from ∂risk/∂logits plus the objective's own ∂/∂Φ(x) ``d_z``."""
         d_z = d_logits @ params["head.weight"] + d_z
         grads = self.extractor().backward(params, cache, d_z)
-        grads["head.weight"] = d_logits.transpose(-1, -2) @ z
-        grads["head.bias"] = d_logits.sum(-2)
+        grads["head.weight"], grads["head.bias"] = linear_grads(d_logits, z)
         return grads
 
     @gradient_by(sd_loss_gradient, when=lambda self: self.extractor() is not None, batched=True)

@@ -28,6 +28,8 @@ from ..engine.contract import (
     Tree,
     cross_entropy_gradient,
     gradient_by,
+    linear,
+    linear_grads,
     loss_scale,
     stack,
     torch_seed,
@@ -106,13 +108,13 @@ class FedSR(FedAvg):
         ext, d, k = self.extractor(), self.dim, self.ctx.data.num_classes
         phi, cache = ext.forward(params, x)  # [C, B, F]
         rep_w, rep_b = params["fedsr.rep.weight"], params["fedsr.rep.bias"]
-        out = phi @ rep_w.transpose(-1, -2) + rep_b.unsqueeze(-2)
+        out = linear(phi, rep_w, rep_b)
         mu, raw = out[..., :d], out[..., d:]
         sigma = F.softplus(raw)
         eps = extras["eps"][:, : x.shape[1]]
         z = mu + sigma * eps
         head_w = params["head.weight"]
-        logits = z @ head_w.transpose(-1, -2) + params["head.bias"].unsqueeze(-2)
+        logits = linear(z, head_w, params["head.bias"])
         risk, delta, _ = cross_entropy_gradient(logits, y, w)  # δ = ∂risk/∂logits
         scale = loss_scale(w)  # per-sample weight of every mean below
         target = (y[..., None] == torch.arange(k, device=y.device)).to(logits.dtype)
@@ -135,12 +137,14 @@ class FedSR(FedAvg):
         d_out = torch.cat([dz + d_m * c, (dz * eps + d_s * c) * torch.sigmoid(raw)], -1)
         grads = ext.backward(params, cache, d_out @ rep_w)
         by_class = target.transpose(-1, -2)  # [C, K, B]
+        rep_gw, rep_gb = linear_grads(d_out, phi)
+        head_gw, head_gb = linear_grads(delta, z)
         grads.update(
             {
-                "fedsr.rep.weight": d_out.transpose(-1, -2) @ phi,
-                "fedsr.rep.bias": d_out.sum(-2),
-                "head.weight": delta.transpose(-1, -2) @ z,
-                "head.bias": delta.sum(-2),
+                "fedsr.rep.weight": rep_gw,
+                "fedsr.rep.bias": rep_gb,
+                "head.weight": head_gw,
+                "head.bias": head_gb,
                 "fedsr.ref_mu": by_class @ -d_m,
                 "fedsr.ref_sigma": by_class @ (d_ref_sigma * torch.sigmoid(ref_raw)),
                 "fedsr.scale": (d_m * mu).sum((-2, -1)) + (d_s * sigma).sum((-2, -1)),

@@ -54,7 +54,7 @@ from ..data.federated import FederatedData
 from ..models.base import FedModel
 from .context import Cohort, Context
 from .execution import single_threaded
-from .fused import mlp_extractor, mlp_risk_gradient, plain_cross_entropy
+from .fused import linear, linear_grads, mlp_extractor, mlp_risk_gradient, plain_cross_entropy
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
 from .rng import generator, torch_seed
@@ -89,6 +89,8 @@ __all__ = [
     "client_order",
     "cross_entropy",
     "cross_entropy_gradient",
+    "linear",
+    "linear_grads",
     "flatten",
     "generator",
     "leaves",

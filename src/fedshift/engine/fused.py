@@ -236,6 +236,18 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
     return gradient
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """x Wᵀ + b for one client (x [B, in]) or a cohort (a leading client axis on x, W and
+    b): the forward of every Linear layer whose gradient is written out."""
+    out = x @ weight.transpose(-1, -2)
+    return out if bias is None else out + bias.unsqueeze(-2)
+
+
+def linear_grads(delta: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """∂/∂W and ∂/∂b of ``linear`` from δ = ∂/∂output and the layer's input x."""
+    return delta.transpose(-1, -2) @ x, delta.sum(-2)
+
+
 @dataclass(frozen=True)
 class MLPChain:
     """Linear(+ReLU) layers of an MLP as two pure functions: ``forward(params, x) ->
@@ -254,9 +266,8 @@ class MLPChain:
         inputs = []  # input of each layer, then the output
         for layer in self.layers:
             inputs.append(a)
-            a = a @ params[layer.weight].transpose(-1, -2)
-            if layer.bias is not None:
-                a = a + params[layer.bias].unsqueeze(-2)
+            bias = params[layer.bias] if layer.bias is not None else None
+            a = linear(a, params[layer.weight], bias)
             if layer.relu:
                 a = a.clamp_min(0)
         return a, [*inputs, a]
@@ -267,9 +278,10 @@ class MLPChain:
             layer = self.layers[i]
             if layer.relu:  # ReLU's backward, as autograd computes it (output > 0)
                 delta = torch.where(cache[i + 1] > 0, delta, torch.zeros_like(delta))
-            grads[layer.weight] = delta.transpose(-1, -2) @ cache[i]
             if layer.bias is not None:
-                grads[layer.bias] = delta.sum(-2)
+                grads[layer.weight], grads[layer.bias] = linear_grads(delta, cache[i])
+            else:
+                grads[layer.weight] = delta.transpose(-1, -2) @ cache[i]
             if i > 0:
                 delta = delta @ params[layer.weight]
         return grads
