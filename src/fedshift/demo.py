@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .api import run
-from .data.root import DATASETS, data_root, dataset_files
+from .data.root import DATASETS, data_root, dataset_files, missing_files
 from .errors import FedshiftError
 from .results.plots import plot_accuracy_per_env
 from .results.store import RunStore
@@ -128,19 +128,19 @@ def require_data(demo: Demo, data_dir: str | None) -> None:
     """Before any training: one sentence if the demo's dataset is not under the data root."""
     if demo.dataset is None:
         return
-    try:
-        dataset_files(demo.dataset, data_dir=data_dir)
-    except FedshiftError as e:
-        spec = DATASETS[demo.dataset]
-        if "not found" not in str(e):  # present but damaged (a checksum): say what it was
-            raise FedshiftError(f"the {demo.scenario} demo cannot read {spec.title}: {e}") from None
+    spec = DATASETS[demo.dataset]
+    if missing_files(demo.dataset, data_dir):
         raise FedshiftError(
             f"the {demo.scenario} demo reads {spec.title} from {data_root(data_dir) / spec.folder}"
             f" and did not find its files there; point --data-dir or FEDSHIFT_DATA at a folder "
             f"holding {spec.folder}/ (e.g. ../shared/datasets), or run `fedshift demo "
             "--scenario digits-shortcut` (scikit-learn's bundled digits, which do not show the "
             "invariant methods' point)"
-        ) from None
+        )
+    try:  # present: a damaged file (a checksum) keeps the loader's reason
+        dataset_files(demo.dataset, data_dir=data_dir)
+    except FedshiftError as e:
+        raise FedshiftError(f"the {demo.scenario} demo cannot read {spec.title}: {e}") from None
 
 
 def caveats(rows: list[tuple[str, dict]], demo: Demo = CMNIST) -> list[str]:

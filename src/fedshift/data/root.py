@@ -174,6 +174,30 @@ def _download(spec: DatasetFiles, name: str, folder: Path, expected: str | None 
     )
 
 
+def _locate(
+    spec: DatasetFiles, names: list[str], folder: Path
+) -> tuple[dict[str, Path], list[str]]:
+    """Each name's file in ``folder`` (its canonical name, else an un-compressed copy) and
+    the names with neither."""
+    found: dict[str, Path] = {}
+    missing: list[str] = []
+    for name in names:
+        candidates = (name, *spec.raw_names.get(name, ()))
+        path = next((folder / c for c in candidates if (folder / c).is_file()), None)
+        if path is None:
+            missing.append(name)
+        else:
+            found[name] = path
+    return found, missing
+
+
+def missing_files(dataset: str, data_dir: str | os.PathLike | None = None) -> list[str]:
+    """The dataset's files that are under the data root neither as published nor
+    un-compressed (checks presence only, no checksum)."""
+    spec = DATASETS[dataset]
+    return _locate(spec, list(spec.md5), data_root(data_dir) / spec.folder)[1]
+
+
 def dataset_files(
     dataset: str | DatasetFiles,
     names: list[str] | tuple[str, ...] | None = None,
@@ -190,21 +214,10 @@ def dataset_files(
     spec = DATASETS[dataset] if isinstance(dataset, str) else dataset
     names = list(spec.md5) if names is None else list(names)
     folder = data_root(data_dir) / spec.folder
-    found: dict[str, Path] = {}
-    missing: list[str] = []
-    for name in names:
-        path = folder / name
-        if path.is_file():
+    found, missing = _locate(spec, names, folder)
+    for name, path in found.items():
+        if path == folder / name:  # the file as published: its md5 is known
             _check_md5(path, spec.md5[name], spec.title)
-            found[name] = path
-            continue
-        raw = next(
-            (folder / r for r in spec.raw_names.get(name, ()) if (folder / r).is_file()), None
-        )
-        if raw is not None:
-            found[name] = raw
-        else:
-            missing.append(name)
     if missing and download:
         if spec.archive is not None:
             _fetch_archive(spec, folder)
