@@ -162,9 +162,11 @@ class SequentialTrainer(LocalTrainer):
                     extras["env"] = eb
                 extras.update(zip(row_names, rows, strict=True))
                 for name, shape in (noise or {}).items():
-                    extras[name] = torch.randn(shape, generator=generators[i])
+                    extras[name] = torch.randn(shape, generator=generators[i]).to(yb.device)
                 if rule:  # the method's own update (pFedMe, CGPFL, PerInvFL): no optimiser
-                    new, loss = loss_fn(mine, bufs, extras, xb, yb, torch.ones(len(yb)))
+                    new, loss = loss_fn(
+                        mine, bufs, extras, xb, yb, torch.ones(len(yb), device=yb.device)
+                    )
                     with torch.no_grad():
                         for k, v in new.items():
                             if mine[k].requires_grad:
@@ -172,7 +174,7 @@ class SequentialTrainer(LocalTrainer):
                     total += loss.item()
                     continue
                 opt.zero_grad()
-                loss = loss_fn(mine, bufs, extras, xb, yb, torch.ones(len(yb)))
+                loss = loss_fn(mine, bufs, extras, xb, yb, torch.ones(len(yb), device=yb.device))
                 loss.backward()
                 opt.step()
                 total += loss.item()

@@ -290,6 +290,9 @@ def main() -> None:
     )
     ap.add_argument("--only", default="w1,w2,w2-cli,w3,w5")
     ap.add_argument(
+        "--w3-algorithms", default="fedpin,ditto,fedsdr,pfedme,scaffold", help="W3's algorithms"
+    )
+    ap.add_argument(
         "--device",
         default="cpu",
         help="cpu, cuda or cuda:N: fedshift, the reference and torch.mm all run there",
@@ -332,7 +335,7 @@ def main() -> None:
     if "w5" in only:
         res["w5"] = fedavg_workload("resnet18", {}, 0, rounds, args.compile, ex)
     if "w3" in only:
-        algs = [a for a in ("fedpin", "ditto", "fedsdr", "pfedme", "scaffold") if a in ALGORITHMS]
+        algs = [a for a in args.w3_algorithms.split(",") if a in ALGORITHMS]
         samples = 4000 if args.quick else 0
         res["w3"] = {
             f"{a}.{n}x{rate:g}": w3_case(a, n, rate, samples, rounds, args.compile, ex)

@@ -60,3 +60,28 @@ def test_a_run_begun_on_cuda_resumes_on_a_cpu_machine(tmp_path, monkeypatch):
     assert record["config"]["device"] == "cpu"
     assert record["overrides"][0]["changes"] == {"device": {"from": "cuda", "to": "cpu"}}
     assert [e["device"] for e in record["environment"]["resumes"]] == ["cpu"]
+
+
+def test_to_device_moves_every_tensor_of_a_nested_tree():
+    """What a method creates on the CPU (a round counter, DRO weights) joins the run's
+    device: the runner passes init/configure/aggregate results through ``to_device``
+    (on a GPU, a CPU counter met the cohort's tensors and stopped 10 methods)."""
+    from fedshift.engine.contract import Payload
+    from fedshift.engine.tree import to_device
+
+    tree = {"round": torch.zeros(()), "m": {"w": torch.ones(2, 3), "n": torch.arange(3)}}
+    moved = to_device(tree, "meta")
+    assert {v.device.type for v in (moved["round"], moved["m"]["w"], moved["m"]["n"])} == {"meta"}
+    assert moved["m"]["n"].dtype == torch.int64
+    same = to_device(tree, "cpu")
+    assert same["m"]["w"] is tree["m"]["w"], "no copy where the tensor is already there"
+    payload = Payload({"round": torch.zeros(())}, {"alpha": torch.ones(4)}).to("meta")
+    assert payload.broadcast["round"].is_meta and payload.per_client["alpha"].is_meta
+
+
+def test_to_device_keeps_float64_off_mps():
+    """MPS has no float64: such tensors (UCFL's silhouettes) stay where they are."""
+    from fedshift.engine.tree import to_device
+
+    kept = torch.zeros(3, dtype=torch.float64)
+    assert to_device({"s": kept}, "mps")["s"] is kept

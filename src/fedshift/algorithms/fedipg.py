@@ -110,7 +110,8 @@ class FedIPG(FedAvg):
             new.update(weighted_mean(models, weights))
         negative = server["negative"].clone()
         ids = info.ids.to(negative.device)
-        negative[ids] = torch.where(contribution < 0, negative[ids] + 1, 0)
+        below = contribution.to(negative.device) < 0
+        negative[ids] = torch.where(below, negative[ids] + 1, 0)
         new["negative"] = negative
         if self.hp.exit_rule == "contribution":
             new["exited"] = server["exited"] | (negative >= self.hp.patience)

@@ -76,7 +76,8 @@ def collaboration_weights(grads: Tensor, sigma2: Tensor, sizes: Tensor) -> Tenso
     g = grads.double()
     delta = ((g[:, None, :] - g[None, :, :]) ** 2).sum(-1)
     logits = (
-        torch.log(sizes.double())[None, :] - delta / (2 * sigma2.double().clamp(min=1e-12))[:, None]
+        torch.log(sizes.to(g.device, torch.float64))[None, :]
+        - delta / (2 * sigma2.double().clamp(min=1e-12))[:, None]
     )
     return torch.softmax(logits, dim=1)  # n_i cancels in the normalisation
 

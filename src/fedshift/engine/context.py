@@ -19,7 +19,7 @@ from .local import LocalTrainer, LossFn, TrainResult, on_flat_trees
 from .rng import torch_seed
 from .schedule import Schedule, make_schedule
 from .sgd import SGDConfig
-from .tree import Tree, flatten, is_nested, unflatten
+from .tree import Tree, flatten, is_nested, to_device, unflatten
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,11 @@ class Context:
                 )
                 for c in cohort.ids.tolist()
             ]
-        parts = (params, buffers, shared or {}, per_client or {}, row_extras or {})
+        # what the method made on the CPU (per-client α, DRO weights) joins the cohort
+        shared, per_client, row_extras = (
+            to_device(t or {}, self.device) for t in (shared, per_client, row_extras)
+        )
+        parts = (params, buffers, shared, per_client, row_extras)
         nested = any(is_nested(t) for t in parts)
         if nested:  # the trainer steps flat trees: the loss gets the nesting back
             if loss_fn not in self.flat_losses:

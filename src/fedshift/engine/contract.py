@@ -69,6 +69,7 @@ from .tree import (
     select,
     stack,
     take,
+    to_device,
     tree_map,
     unflatten,
     weighted_mean,
@@ -116,6 +117,12 @@ __all__ = [
 class Payload:
     broadcast: Tree = field(default_factory=dict)  # same for every client of the cohort
     per_client: Tree = field(default_factory=dict)  # stacked over the cohort
+
+    def to(self, device) -> Payload:
+        """The payload with every tensor on ``device`` (the cohort's): what ``configure``
+        made on the CPU (a per-client α, a round counter) must not meet the cohort's
+        tensors on another device."""
+        return Payload(to_device(self.broadcast, device), to_device(self.per_client, device))
 
 
 @dataclass

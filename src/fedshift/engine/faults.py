@@ -81,7 +81,7 @@ def row_norms(upload: Tree) -> Tensor:
         for i in (~torch.isfinite(norm)).nonzero().flatten().tolist():
             norm[i] = torch.linalg.vector_norm(rows[i], dtype=torch.float64)
         sq = norm.square()
-        total = sq if total is None else total + sq
+        total = sq if total is None else total + sq.to(total.device)  # uploads may mix devices
     if total is None:
         return torch.zeros(0)
     return total.sqrt().cpu()

@@ -28,7 +28,18 @@ from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
 from .store import ClientStore
-from .tree import Rows, Tree, concat, empty_parts_like, flatten, leaves, nbytes, tree_map, unflatten
+from .tree import (
+    Rows,
+    Tree,
+    concat,
+    empty_parts_like,
+    flatten,
+    leaves,
+    nbytes,
+    to_device,
+    tree_map,
+    unflatten,
+)
 
 # A run has diverged when more than this share of its rounds, or this many rounds in a row,
 # trained nothing for numerical reasons (see lost_round); docs/reliability.md.
@@ -86,7 +97,7 @@ class Runner:
         self.cohort_size = ctx.cohort_size if ctx.cohort_size > 0 else n  # one source
         self.eval_every = eval_every
         self.on_round = on_round
-        self.server = algorithm.init()
+        self.server = to_device(algorithm.init(), ctx.device)
         self.start_round = 0
         self.checkpoint_path: Path | None = None
         self.checkpoint_every = 0
@@ -113,7 +124,7 @@ class Runner:
         up = down = 0
         for chunk in self.chunks(ids):
             cohort = self.ctx.cohort(chunk, r)
-            payload = self.alg.configure(self.server, cohort)
+            payload = self.alg.configure(self.server, cohort).to(self.ctx.device)
             down += nbytes(payload.broadcast) * len(chunk) + nbytes(payload.per_client)
             result = self.alg.client_update(
                 payload, self.store.take(chunk, self.ctx.device), cohort
@@ -158,7 +169,8 @@ class Runner:
         rec_extras: dict = {}
         if len(ids_in):
             info = RoundInfo(ids_in, w_in, r)
-            self.server = self.alg.aggregate(self.server, upload_in, info)
+            server = self.alg.aggregate(self.server, upload_in, info)
+            self.server = to_device(server, self.ctx.device)
             rec_extras = plain(info.log)
             if not finite(self.server):
                 raise NonFiniteState(r + 1)
@@ -293,7 +305,7 @@ class Runner:
         check_fit("client", state["clients"], shapes)
         check_fit("server", state["server"])  # its names and shapes may change (UCFL)
         dev = self.ctx.device
-        server = unflatten({k: v.to(dev) for k, v in state["server"].items()})
+        server = to_device(unflatten(state["server"]), dev)
         self.server = empty_parts_like(server, self.server)  # self.server: the method's init
         if state["clients"] is not None:
             clients = {k: v.to(self.store.device) for k, v in state["clients"].items()}

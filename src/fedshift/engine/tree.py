@@ -85,6 +85,21 @@ def tree_map(fn: Callable[..., Tensor], tree: Mapping, *rest: Mapping) -> Tree:
     }
 
 
+def to_device(tree: Mapping, device: torch.device | str) -> Tree:
+    """Every tensor of ``tree`` on ``device`` (the same tensor where it is there already).
+    What algorithms create on the CPU (a round counter, DRO weights, per-client α) joins
+    the cohort's device, so their arithmetic never mixes devices. On MPS, which has no
+    float64, float64 tensors stay where they are."""
+    device = torch.device(device)
+
+    def move(v: Tensor) -> Tensor:
+        if device.type == "mps" and v.dtype == torch.float64:
+            return v
+        return v.to(device)
+
+    return tree_map(move, tree)
+
+
 def stack(tree: Mapping, n: int) -> Tree:
     """Repeat a single-client tree ``n`` times along a new leading client axis."""
     return tree_map(lambda v: v.detach().unsqueeze(0).expand(n, *v.shape).clone(), tree)

@@ -28,9 +28,11 @@ class TwoBranchExtractor(nn.Module):
 class TwoBranch(FedModel):
     def __init__(self, base: FedModel, num_classes: int, seed: int) -> None:
         super().__init__()
+        # drawn on the CPU whatever the base's device: CUDA's generator gives other numbers
+        # for the same seed, and its state is not forked here
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            specific = copy.deepcopy(base.extractor)
+            specific = copy.deepcopy(base.extractor).cpu()
             for module in specific.modules():
                 if hasattr(module, "reset_parameters"):
                     module.reset_parameters()

@@ -57,12 +57,14 @@ def client_losses(
 def fresh_init(ctx: Context, index: int, purpose: str) -> tuple[Tree, Tree]:
     """A new random initialisation of the run's model, seeded by (run seed, ``index``,
     ``purpose``): every layer's ``reset_parameters`` under a private torch seed."""
-    model = copy.deepcopy(ctx.model)
+    # drawn on the CPU whatever the run's device: CUDA's generator gives other numbers for
+    # the same seed (a run on a GPU would start its extra models elsewhere than on a CPU)
+    model = copy.deepcopy(ctx.model).cpu()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(torch_seed(ctx.seed, 0, index, purpose))
         for module in model.modules():
             if hasattr(module, "reset_parameters"):
                 module.reset_parameters()
-    params = {k: v.detach().clone() for k, v in model.named_parameters()}
-    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    params = {k: v.detach().to(ctx.device, copy=True) for k, v in model.named_parameters()}
+    buffers = {k: v.detach().to(ctx.device, copy=True) for k, v in model.named_buffers()}
     return params, buffers

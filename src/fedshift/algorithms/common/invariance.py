@@ -13,14 +13,14 @@ from .losses import cross_entropy
 def irmv1_penalty(logits: Tensor, y: Tensor, w: Tensor) -> Tensor:
     """IRMv1 penalty of Arjovsky et al. (2019, eq. 3): ‖∇_{s=1} R(s·f)‖², with a dummy scalar
     classifier s multiplying the logits; differentiable again (double back-prop)."""
-    scale = torch.ones((), dtype=logits.dtype)
+    scale = torch.ones((), dtype=logits.dtype, device=logits.device)
     g = grad(lambda s: cross_entropy(s * logits, y, w))(scale)
     return g**2
 
 
 def irm_weight(round_: Tensor, anneal_rounds: int, lambda_: float) -> Tensor:
     """Penalty weight of the IRM reference code: 1 for the first ``anneal_rounds``, then λ."""
-    return torch.where(round_ < anneal_rounds, torch.ones(()), torch.full((), lambda_))
+    return torch.where(round_ < anneal_rounds, round_.new_ones(()), round_.new_full((), lambda_))
 
 
 def groupdro_weights(q: Tensor, ids: Tensor, losses: Tensor, eta_q: float) -> Tensor:

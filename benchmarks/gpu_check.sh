@@ -1,0 +1,35 @@
+#!/bin/bash
+# One prepared pass on a CUDA machine (docs/performance.md, "GPU"): what the device is, the
+# CLI's run path on it, every algorithm's batched and sequential executions against each
+# other there (and against the CPU), round_speed's workloads with fedshift and the
+# reference both on the device, and the paper-scale estimate of Table 5.1 CMNIST-8's
+# slowest methods. Each step has its own time limit inside one overall deadline, so a slow
+# step cannot take the others' results with it; logs and JSON go to $OUT (or ./gpu-out).
+#   FEDSHIFT_DATA=<folder holding mnist/> DEADLINE=540 bash benchmarks/gpu_check.sh
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+FS="$PY -c 'import sys; from fedshift.cli import main; sys.argv[0]=\"fedshift\"; main()'"
+END=$((SECONDS + ${DEADLINE:-540}))
+step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), log to $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local left=$((END - SECONDS)) t0=$SECONDS
+  [ "$left" -lt 15 ] && { echo "== $name: skipped (deadline)"; return; }
+  [ "$limit" -gt "$left" ] && limit=$left
+  timeout "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
+  echo "== $name: rc $? in $((SECONDS - t0)) s (limit $limit)"
+  tail -3 "$OUT/$name.log" | cut -c1-600
+}
+step device 30 "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; $PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.cuda.is_available())'"
+step cli 60 "$FS run --set algorithm=fedpin --set scenario=cmnist --set scenario.samples=4000 --device cuda --rounds 2 --seed 0 --db $OUT/gpu.db --json && $FS runs --db $OUT/gpu.db"
+step executions 90 "$PY benchmarks/gpu_executions.py > $OUT/executions.jsonl"
+RS="$PY benchmarks/round_speed.py --device cuda --json"
+step w3 150 "$RS --only w3 --quick --rounds 3 > $OUT/w3.json"
+step w2 100 "$RS --only w2 --rounds 3 > $OUT/w2.json"
+step w5 40 "$RS --only w5 --rounds 3 > $OUT/w5.json"
+step estimate 300 "$FS reproduce thesis-5.1-cmnist8 --estimate --methods ${ESTIMATE_METHODS:-FedSDR,pFedMe,FedPIN,FedSR,FedAvg} --set device=cuda"
+echo "== done at $SECONDS s"
+# what comes back from a lent machine is a few files: everything in one archive
+tar -czf /tmp/gpu-check.tgz -C "$OUT" . && mv /tmp/gpu-check.tgz "$OUT/"
