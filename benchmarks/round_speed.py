@@ -1,7 +1,7 @@
 """Seconds per round, fedshift against a sequential reference, measured side by side.
 
     python benchmarks/round_speed.py [--quick] [--json] [--threads 2] [--only w1,w2,w3] [--compile]
-                                      [--shared-machine]
+                                      [--shared-machine] [--device cuda] [--memory]
 
 W1  FedAvg, MLP 784-100-10, MNIST, 20 clients, Dirichlet α = 0.1 (per-class), batch 10,
     1 local epoch, lr 0.005, full participation; reference: ``classic_fedavg_round``.
@@ -21,6 +21,8 @@ so both see the same machine load; figures are medians over the timed rounds, an
 ratio is the median of the per-pair ratios. W1 also reports the arithmetic rate of a round
 (useful model FLOPs / seconds) as a fraction of a plain ``torch.mm`` (2048², float32)
 measured between the rounds. ``--json`` prints one JSON object (keys ``w1.ratio`` …).
+``--memory`` runs each workload's two executions alone, each in a process of its own, and
+reports their peak resident memory (``--side`` is one such process).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from fedshift.experiment import build_experiment  # noqa: E402
 
 LR, BATCH, EPOCHS, SEED = 0.005, 10, 1, 0
 DEVICE = torch.device("cpu")  # --device: where fedshift, the reference and torch.mm run
+SIDE = "both"  # --side: time both executions alternately, or one alone for its memory
 
 
 def sync() -> None:
@@ -110,8 +113,54 @@ def timed(fn) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
+def memory_mb() -> dict[str, float]:
+    """This process's resident memory now and its high-water mark (Linux /proc), in MB."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, val = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(val.split()[0]) / 1024
+    return out
+
+
+def reset_peak() -> bool:
+    """Restart the high-water mark at the current resident size (Linux >= 4.0)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def one_side(round_fn, rounds: int) -> dict:
+    """--side: one execution alone in this process, for its memory. Both sides are built
+    whatever ``--side`` says, so the setup is the same for either: the figures that differ
+    are the rounds' own. A warm-up round first (``auto`` times both executions there), then
+    the high-water mark restarts and the timed rounds run."""
+    setup = memory_mb()
+    round_fn(0)
+    sync()
+    before = memory_mb()
+    restarted = reset_peak()
+    times = [timed(lambda r=r: round_fn(r))[0] for r in range(1, rounds + 1)]
+    after = memory_mb()
+    return {
+        "side": SIDE,
+        "s": statistics.median(times),
+        "setup_rss_mb": setup["VmRSS"],  # torch, the data, both sides' models and state
+        "warmup_peak_rss_mb": before["VmHWM"],
+        "round_peak_rss_mb": after["VmHWM"] if restarted else None,
+        "training_mb": (after["VmHWM"] if restarted else before["VmHWM"]) - setup["VmRSS"],
+        "device_peak_mb": torch.cuda.max_memory_allocated(DEVICE) / 2**20
+        if DEVICE.type == "cuda"
+        else None,
+    }
+
+
 def pairs(fs_round, ref_round, rounds: int, between=None) -> dict:
     """Warm up both, then alternate; medians of seconds and of per-pair ratios."""
+    if SIDE != "both":
+        return one_side(fs_round if SIDE == "fedshift" else ref_round, rounds)
     warm = timed(lambda: fs_round(0))[0]  # includes torch.compile's work when compiling
     ref_round(0)
     a, b, extra = [], [], []
@@ -221,6 +270,8 @@ def fedavg_workload(
 
     out = pairs(fs_round, ref_round, rounds, between=mm_gflops)
     out["execution"] = chosen(runner)
+    if SIDE != "both":
+        return out
     out["clients"] = data.num_clients
     out["samples"] = int(data.train.sizes().sum())
     out["client_steps"] = int(sum(-(-int(n) // BATCH) for n in data.train.sizes()))
@@ -306,9 +357,24 @@ def main() -> None:
         action="store_true",
         help="run fedshift with compile=true (its warm-up round, fedshift_warmup_s, compiles)",
     )
+    ap.add_argument(
+        "--side",
+        default="both",
+        choices=("both", "fedshift", "reference"),
+        help="one execution alone, with its peak memory (--memory runs each in a process)",
+    )
+    ap.add_argument(
+        "--memory",
+        action="store_true",
+        help="peak memory of each workload's two executions, each in a process of its own",
+    )
     args = ap.parse_args()
-    global DEVICE
+    if args.memory:
+        memory_table(args)
+        return
+    global DEVICE, SIDE
     DEVICE = torch.device(args.device)
+    SIDE = args.side
     torch.set_num_threads(args.threads)
     rounds = args.rounds or (2 if args.quick else 5)
     only = set(args.only.split(","))
@@ -342,7 +408,8 @@ def main() -> None:
             for a in algs
             for n, rate in ((80, 0.1), (8, 1.0))
         }
-        res["w3"]["ratio"] = min(v["ratio"] for v in res["w3"].values())
+        if SIDE == "both":
+            res["w3"]["ratio"] = min(v["ratio"] for v in res["w3"].values())
     flat = {}
     for key, val in res.items():
         if isinstance(val, dict):
@@ -359,6 +426,38 @@ def main() -> None:
         return
     for k, v in flat.items():
         print(f"{k:40s} {v:.4g}" if isinstance(v, float) else f"{k:40s} {v}")
+
+
+def memory_table(args) -> None:
+    """Each workload of ``--only`` once per side, in a fresh process (a process's peak
+    resident size is its own: measured side by side, the second would inherit the first's
+    high-water mark and allocator caches). Prints one JSON object, workload -> side -> MB."""
+    import subprocess
+
+    passed = [f"--threads={args.threads}", f"--device={args.device}", "--json"]
+    passed += [f"--execution={args.execution}", f"--rounds={args.rounds or 1}"]
+    passed += ["--quick"] if args.quick else []
+    out: dict = {"omp_wait_policy": POLICY, "threads": args.threads, "quick": args.quick}
+    # W3: a process per algorithm too (its two cases share it, in the order 80 then 8 clients)
+    jobs = [
+        (work, [f"--w3-algorithms={a}"] if work == "w3" else [])
+        for work in args.only.split(",")
+        for a in (args.w3_algorithms.split(",") if work == "w3" else [None])
+    ]
+    for work, more in jobs:
+        for side in ("fedshift", "reference"):
+            cmd = [sys.executable, __file__, f"--only={work}", f"--side={side}", *passed, *more]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if done.returncode:
+                out[f"{work}.{side}"] = {"error": done.stderr.strip().splitlines()[-1:]}
+                continue
+            flat = json.loads(done.stdout.strip().splitlines()[-1])
+            keep = ("s", "setup_rss_mb", "warmup_peak_rss_mb", "round_peak_rss_mb", "training_mb")
+            for key, val in flat.items():
+                if key.rsplit(".", 1)[-1] in keep:
+                    out[f"{key.rsplit('.', 1)[0]}.{side}.{key.rsplit('.', 1)[-1]}"] = val
+            print(f"{work} {' '.join(more)} {side} done", file=sys.stderr, flush=True)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

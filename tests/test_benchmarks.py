@@ -29,3 +29,30 @@ def round_speed(shared_datasets):
 def test_w3_pair_runs(round_speed, algorithm):
     out = round_speed.w3_case(algorithm, clients=8, rate=1.0, samples=800, rounds=1)
     assert out["fedshift_s"] > 0 and out["reference_s"] > 0 and out["ratio"] > 0
+
+
+def test_one_side_reports_its_own_peak_memory(round_speed, monkeypatch):
+    """--side (what --memory runs in a process per side): one execution alone, its peak
+    resident memory above the setup, and no ratio."""
+    monkeypatch.setattr(round_speed, "SIDE", "fedshift")
+    out = round_speed.w3_case("ditto", clients=8, rate=1.0, samples=800, rounds=1)
+    assert out["side"] == "fedshift" and out["s"] > 0 and "ratio" not in out
+    assert out["round_peak_rss_mb"] is None or out["round_peak_rss_mb"] > out["training_mb"] >= 0
+    assert out["setup_rss_mb"] > 100  # torch and the data at least
+
+
+def test_gpu_executions_script_runs_on_the_cpu(shared_datasets, tmp_path):
+    """benchmarks/gpu_executions.py (the check a lent GPU runs) works where it is edited."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "gpu_executions.py"), "--device", "cpu", "--only", "fedavg"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["errors"] == [] and summary["not_on_device"] == []
+    assert summary["max_batched_vs_sequential"] < 1e-4

@@ -15,6 +15,7 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.eval.metrics import (
     EvalCounts,
     constant_clients,
+    flag_below_chance_on_training,
     flag_chance_loss,
     loss_at_chance,
     over_seeds,
@@ -35,6 +36,23 @@ if CONSTANT not in ALGORITHMS:
             params = {k: torch.zeros_like(v) for k, v in pred.params.items()}
             last = list(params)[-1]
             params[last][0] = 5.0
+            return Prediction(params, pred.buffers, pred.shared)
+
+
+BACKWARDS = "test-backwards-predictor"
+if BACKWARDS not in ALGORITHMS:
+
+    @register_algorithm(BACKWARDS)
+    class BackwardsPredictor(FedAvg):
+        """FedAvg whose evaluated model is its trained model with the logits negated: it
+        ranks the classes backwards (as a model reading a shortcut backwards does), is not
+        constant and trained to a good loss."""
+
+        def predictor(self, server, state, cohort) -> Prediction:
+            pred = super().predictor(server, state, cohort)
+            params = dict(pred.params)
+            for name in list(params)[-2:]:  # the last layer's weight and bias
+                params[name] = -params[name]
             return Prediction(params, pred.buffers, pred.shared)
 
 
@@ -102,6 +120,37 @@ def test_a_run_whose_model_answers_one_class_is_marked_degenerate(tmp_path):
     assert max(per_env) - min(per_env) < 1e-9 and 5 < per_env[0] < 15
     good = fs.run(algorithm="fedavg", lr=0.05, batch_size=10, **{**settings, "rounds": 3})
     assert good.metrics["degenerate"] is False and good.metrics["constant_clients"] == 0
+
+
+def test_below_chance_on_training_flags_only_a_fit_under_the_majority_share():
+    def metrics(acc, share):
+        return {
+            "degenerate": False,
+            "degenerate_why": None,
+            "train_accuracy_pooled": acc,
+            "train_majority_share": share,
+        }
+
+    flagged = flag_below_chance_on_training(metrics(30.0, 50.0))
+    assert flagged["degenerate"] and "own training data" in flagged["degenerate_why"]
+    assert not flag_below_chance_on_training(metrics(46.0, 50.0))["degenerate"]  # within 5
+    assert not flag_below_chance_on_training(metrics(75.0, 50.0))["degenerate"]  # CMNIST's 75
+    kept = flag_below_chance_on_training({**metrics(20.0, 50.0), "degenerate_why": "x"})
+    assert kept["degenerate_why"].startswith("x; ")
+    assert not flag_below_chance_on_training({"degenerate": False})["degenerate"]  # no data
+
+
+def test_a_model_that_reads_its_data_backwards_is_marked_degenerate():
+    """Neither constant nor at ln K, it would pass the other checks; scored on its own
+    training rows it falls far under answering the most common class."""
+    settings = dict(scenario="digits-shortcut", rounds=3, seed=0, db=None, lr=0.05, batch_size=10)
+    bad = fs.run(algorithm=BACKWARDS, **settings)
+    assert bad.metrics["constant_clients"] < 4, "not caught by the constant-predictor rule"
+    assert bad.metrics["train_accuracy_pooled"] < bad.metrics["train_majority_share"] - 5
+    assert bad.metrics["degenerate"] is True
+    assert "own training data" in bad.metrics["degenerate_why"]
+    good = fs.run(algorithm="fedavg", **settings)
+    assert good.metrics["train_accuracy_pooled"] > 80 and good.metrics["degenerate"] is False
 
 
 def test_over_seeds_keeps_a_degenerate_seed_visible():

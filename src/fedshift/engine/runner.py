@@ -19,7 +19,13 @@ from torch import Tensor
 from ..data.federated import Split
 from ..errors import Diverged, FedshiftError, RunStopped
 from ..eval.evaluate import label_counts, prediction_counts
-from ..eval.metrics import EvalCounts, flag_chance_loss, summarize
+from ..eval.metrics import (
+    EvalCounts,
+    flag_below_chance_on_training,
+    flag_chance_loss,
+    summarize,
+    training_fit,
+)
 from .checkpoint import save_checkpoint
 from .context import Context
 from .contract import Algorithm, RoundInfo
@@ -261,10 +267,19 @@ class Runner:
                 out.labels[chunk] += label_counts(split, chunk, k)
         return out
 
+    def is_final(self, round_: int) -> bool:
+        """Whether an evaluation after ``round_`` is the run's last (its reported one)."""
+        return round_ >= self.rounds - 1
+
     def evaluate(self, round_: int) -> tuple[Tensor, dict, Tensor | None, float | None]:
+        """Test (and validation) counts of every client's predictor; the last evaluation
+        also scores the predictors on their own training rows, for the degeneracy check."""
         data = self.ctx.data
         test = self.counts(data.test, round_)
         acc, summary = test.summary(data.test_env_names)
+        if self.is_final(round_):
+            summary.update(training_fit(self.counts({"train": data.train}, round_)))
+            flag_below_chance_on_training(summary)
         val_acc, val = None, None
         if data.val:
             val_acc = self.counts(data.val, round_).percent()

@@ -14,7 +14,11 @@ a client's predictor is *constant* when at least ``CONSTANT_SHARE`` (90 %) of it
 are one class and that share exceeds the share of the client's most common label by
 ``CONSTANT_MARGIN`` (a client whose labels are 97 % one class may rightly predict it 97 %
 of the time); a run is *degenerate* when most clients' predictors are constant, or when
-its training loss stays at ln K (chance) over the last rounds.
+its training loss stays at ln K (chance) over the last rounds, or when its predictors
+classify their own training data worse than answering the training data's most common
+class (:func:`flag_below_chance_on_training`): a model that reads a shortcut *backwards*
+scores well on a validation environment where the shortcut is reversed, and is neither
+constant nor at ln K, but it fails on the data it was trained on.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from torch import Tensor
 CONSTANT_SHARE = 0.90
 CONSTANT_MARGIN = 0.05  # … 5 points more often than that client's most common label
 CHANCE_TOLERANCE = 0.01  # training loss within 1 % of ln K counts as "at chance"
+# training-data accuracy this many points under the most common class's share: backwards
+BELOW_CHANCE_MARGIN = 5.0
 # the headline numbers of a run's summary: what a paper table may publish and `reproduce`
 # compares, and what a diverged run has none of
 HEADLINE_METRICS = ("worst", "average", "worst_client", "average_pooled")
@@ -118,6 +124,36 @@ def flag_chance_loss(metrics: dict, losses: list[float], num_classes: int) -> di
         metrics["degenerate"] = True
         why = f"training loss stayed at ln {num_classes} = {math.log(num_classes):.4f}"
         metrics["degenerate_why"] = "; ".join(filter(None, [metrics.get("degenerate_why"), why]))
+    return metrics
+
+
+def training_fit(train: EvalCounts) -> dict:
+    """The predictors on their own training rows (pooled: Σ correct / Σ rows) beside the
+    share of the training rows' most common class (what answering it everywhere scores)."""
+    total = int(train.total.sum())
+    if total == 0:
+        return {}
+    return {
+        "train_accuracy_pooled": 100.0 * int(train.correct.sum()) / total,
+        "train_majority_share": 100.0 * int(train.labels.sum(0).max()) / total,
+    }
+
+
+def flag_below_chance_on_training(metrics: dict) -> dict:
+    """Mark ``metrics`` degenerate (in place, and returned) when the predictors score more
+    than ``BELOW_CHANCE_MARGIN`` points under the majority share on their own training data:
+    they did not learn the training data, or learned it backwards. Pooled over clients and
+    against the union's most common class, so that a global model on a skewed client is
+    not called backwards for missing that client's own majority."""
+    acc, share = metrics.get("train_accuracy_pooled"), metrics.get("train_majority_share")
+    if acc is None or share is None or acc >= share - BELOW_CHANCE_MARGIN:
+        return metrics
+    metrics["degenerate"] = True
+    why = (
+        f"its models score {acc:.1f} % on their own training data, under the {share:.1f} % "
+        "of answering the most common class (a shortcut learned backwards?)"
+    )
+    metrics["degenerate_why"] = "; ".join(filter(None, [metrics.get("degenerate_why"), why]))
     return metrics
 
 

@@ -187,7 +187,10 @@ def evaluate(message: Message, context: Context) -> Message:
     pred = exp.algorithm.predictor(server, _load_state(exp, context, job), cohort)
     counts: dict[str, list[int]] = {}
     k = exp.data.num_classes
-    for name, splits in (("test", exp.data.test), ("val", exp.data.val)):
+    parts = [("test", exp.data.test), ("val", exp.data.val)]
+    if exp.runner.is_final(round_):  # the last evaluation: the degeneracy check's training fit
+        parts.append(("train", {"train": exp.data.train}))
+    for name, splits in parts:
         if not splits:
             continue
         correct, total = [], []
