@@ -552,6 +552,31 @@ def show(
 
 @app.command(cls=OnceCommand)
 @user_errors
+def rescore(
+    run_ids: Annotated[list[str], typer.Argument(help="finished run ids (or unique prefixes)")],
+    db: DbOption = DEFAULT_DB,
+    data_dir: DataDirOption = None,
+    json_: JsonOption = False,
+) -> None:
+    """Re-evaluate finished runs from their final checkpoints under the current degeneracy
+    rules and store the new metrics (only where the stored accuracies are reproduced)."""
+    from .rescore import rescore as rescore_runs
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
+    rows = rescore_runs(db, run_ids, data_dir)
+    if json_:
+        print_json({"rescored": rows})
+        return
+    for r in rows:
+        verdict = "degenerate" if r["degenerate"] else "not degenerate"
+        was = " (was not)" if r["degenerate"] and not r["degenerate_before"] else ""
+        why = f": {r['degenerate_why']}" if r["degenerate"] else ""
+        out.print(f"{r['run_id']}  {r['algorithm']}  {verdict}{was}{why}", highlight=False)
+
+
+@app.command(cls=OnceCommand)
+@user_errors
 def describe(
     what: Annotated[str, typer.Argument(help="scenario")],
     name: Annotated[str, typer.Argument(help="scenario name")],

@@ -338,6 +338,22 @@ class RunStore:
                 ),
             )
 
+    def rescore(self, run_id: str, metrics: dict[str, Any], entry: dict[str, Any]) -> None:
+        """Replace a finished run's metrics by a re-evaluation under the current rules
+        (``fedshift rescore``) and append ``entry`` (when, what changed) to its
+        ``environment["rescored"]``, in one transaction."""
+
+        def write(conn):
+            row = conn.execute("SELECT environment FROM runs WHERE run_id=?", (run_id,)).fetchone()
+            env = json.loads(row["environment"]) if row and row["environment"] else {}
+            env["rescored"] = [*env.get("rescored", []), entry]
+            conn.execute(
+                "UPDATE runs SET metrics=?, environment=? WHERE run_id=?",
+                (json.dumps(metrics), json.dumps(env), run_id),
+            )
+
+        self._write(write)
+
     def finish(self, run_id: str, result, val: float | None) -> None:
         rows = []
         for split, acc, names in (
