@@ -6,6 +6,9 @@
 # slowest methods. Each step has its own time limit inside one overall deadline, so a slow
 # step cannot take the others' results with it; logs and JSON go to $OUT (or ./gpu-out).
 #   FEDSHIFT_DATA=<folder holding mnist/> DEADLINE=540 bash benchmarks/gpu_check.sh
+# On a lent machine the data must travel with the tree: copy MNIST into a folder that
+# .git/info/exclude ignores, carry it, and point FEDSHIFT_DATA there. Only a few files come
+# back from such a machine: everything under $OUT is packed into gpu-check.tgz at the end.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -26,7 +29,9 @@ step device 30 "nvidia-smi --query-gpu=name,memory.total,driver_version --format
 step cli 60 "$FS run --set algorithm=fedpin --set scenario=cmnist --set scenario.samples=4000 --device cuda --rounds 2 --seed 0 --db $OUT/gpu.db --json && $FS runs --db $OUT/gpu.db"
 step executions 90 "$PY benchmarks/gpu_executions.py > $OUT/executions.jsonl"
 RS="$PY benchmarks/round_speed.py --device cuda --json"
-step w3 150 "$RS --only w3 --quick --rounds 3 > $OUT/w3.json"
+for a in pfedme ditto scaffold fedpin fedsdr; do  # one process each: a failure stays its own
+  step "w3-$a" 60 "$RS --only w3 --quick --rounds 2 --w3-algorithms $a > $OUT/w3-$a.json"
+done
 step w2 100 "$RS --only w2 --rounds 3 > $OUT/w2.json"
 step w5 40 "$RS --only w5 --rounds 3 > $OUT/w5.json"
 step estimate 300 "$FS reproduce thesis-5.1-cmnist8 --estimate --methods ${ESTIMATE_METHODS:-FedSDR,pFedMe,FedPIN,FedSR,FedAvg} --set device=cuda"
