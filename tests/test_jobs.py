@@ -59,6 +59,23 @@ def test_a_diverged_run_is_a_result_only_when_the_caller_keeps_it(tmp_path):
     assert all(f.metrics["degenerate"] and f.metrics["worst"] is None for f in kept)
 
 
+def test_reuse_keeps_a_diverged_run_as_its_result_without_training_it_again(tmp_path):
+    """Resumed from its checkpoint a diverged run diverges again (the same numbers): with
+    ``reuse`` and ``keep_diverged`` (a table's seed on --resume) the stored run stands."""
+    db = tmp_path / "r.db"
+    first = list(run_jobs(jobs(0, lr="1e30"), db=db, keep_diverged=True))
+
+    def must_not_build():
+        raise AssertionError("a diverged run kept as a result needs no data")
+
+    again = [Job(j.config, j.label, must_not_build) for j in jobs(0, lr="1e30")]
+    kept = list(run_jobs(again, db=db, reuse=True, keep_diverged=True))
+    assert [f.run_id for f in kept] == [first[0].run_id]
+    assert kept[0].reused and kept[0].diverged and kept[0].metrics["degenerate"]
+    assert "diverged in round" in kept[0].diverged
+    assert len(RunStore(db).runs()) == 1
+
+
 def test_over_seeds_leaves_a_diverged_seed_out_of_each_number():
     ok = {
         "worst": 40.0,

@@ -9,11 +9,11 @@ the store under the command's group, shows one progress line per run and yields 
 other seeds). With ``reuse`` (``reproduce --resume``) a stored run of the same
 configuration stands in: a finished one as it is, a stopped one continued from its
 checkpoint, so a paper-scale table spans sessions. A diverged run is a result
-(``Finished.diverged``) with ``keep_diverged`` (a sweep's point, a table's seed) and ends
-the command otherwise (``fedshift run``). ``flower run`` builds its configs as ``run``
-does (``config.command_configs``) and trains them all in one Flower simulation or
-deployment (``flower/run.py``); its runs' summaries meet ``run``'s in :func:`seeds_summary`
-and ``cli_output.print_run_summary``.
+(``Finished.diverged``) with ``keep_diverged`` (a sweep's point, a table's seed; reused as
+such, not trained again) and ends the command otherwise (``fedshift run``). ``flower
+run`` builds its configs as ``run`` does (``config.command_configs``) and trains them all
+in one Flower simulation or deployment (``flower/run.py``); its runs' summaries meet
+``run``'s in :func:`seeds_summary` and ``cli_output.print_run_summary``.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ def run_jobs(
         # done without final metrics (killed after its last round): resume repairs it
         if before is not None and before["status"] == "done" and before["metrics"]:
             yield Finished(job, before["run_id"], before["metrics"], reused=True, val=before["val"])
+            continue
+        if before is not None and before["status"] == "diverged" and keep_diverged:
+            # a result, and a deterministic one: resumed from its last checkpoint it diverges
+            # again (FedSR, Table 5.1 seed 1: round 497 twice), so it is not trained again
+            why = before["error"] or "diverged"
+            yield Finished(job, before["run_id"], diverged_metrics(why), diverged=why, reused=True)
             continue
         if before is not None:
             label += f" (resumed {before['run_id']})"
