@@ -453,7 +453,8 @@ def runs(
             "resumable": _resumable(db, r),
             "created": r["created"],
             "metrics": {
-                k: (r["metrics"] or {}).get(k) for k in ("worst", "average", "worst_client")
+                k: (r["metrics"] or {}).get(k)
+                for k in ("worst", "average", "worst_client", "degenerate")
             },
             "config": r["config"],
             "group": r["group"],
@@ -490,12 +491,17 @@ def runs(
             f"{r['rounds_done']}/{r['rounds']}",
             *([r["group"] or "—"] if grouped else []),
             *[escape(str(config[k])) if k in config else "—" for k in shown],
-            fmt(r["metrics"]["worst"]),
+            fmt(r["metrics"]["worst"]) + (" †" if r["metrics"]["degenerate"] else ""),
             fmt(r["metrics"]["average"]),
         )
+    notes = []
     if len(varying) > len(shown):
         also = escape(", ".join(varying[len(shown) :]))
-        table.caption = f"also varying: {also} (narrow with --where)"
+        notes.append(f"also varying: {also} (narrow with --where)")
+    if any(r["metrics"]["degenerate"] for r in rows):
+        notes.append("† degenerate: its accuracies are no result (fedshift show RUN_ID says why)")
+    if notes:
+        table.caption = "\n".join(notes)
     if not rows:
         table.caption = "no run matches" if where or group else "the store holds no runs"
     out.print(table)

@@ -60,8 +60,9 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
         )
     if any(m.get("degenerate") for _, m in rows):
         table.caption = (
-            "† degenerate: the model answers one class everywhere or never left chance-level "
-            "training loss; its accuracies are no result"
+            "† degenerate: the model answers one class everywhere, never left chance-level "
+            "training loss, or scores under the majority class on its own training data; its "
+            "accuracies are no result"
         )
     return table
 

@@ -210,3 +210,22 @@ def test_compare_never_counts_a_degenerate_model():
     # the rank correlation is over Other, FedAvg, Ditto only: published order Other >
     # FedAvg > Ditto, ours Other > Ditto > FedAvg
     assert c["spearman"] == pytest.approx(0.5)
+
+
+def test_fedshift_runs_marks_a_degenerate_run(tmp_path):
+    """The run list (table and --json) says which runs are no result, not only report and
+    compare."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from fedshift.cli import app
+
+    db = tmp_path / "runs.db"
+    bad = fs.run(algorithm=CONSTANT, scenario="digits-shortcut", rounds=1, seed=0, db=db)
+    res = CliRunner().invoke(app, ["runs", "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.output.strip().splitlines()[-1])
+    assert row["run_id"] == bad.run_id and row["metrics"]["degenerate"] is True
+    res = CliRunner().invoke(app, ["runs", "--db", str(db)], env={"COLUMNS": "200"})
+    assert "†" in res.output and "degenerate" in res.output

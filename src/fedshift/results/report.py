@@ -43,8 +43,9 @@ def degenerate_note(runs: list[dict]) -> str | None:
         return None
     why = "; ".join(f"{r['run_id']}: {r['metrics'].get('degenerate_why')}" for r in bad)
     return (
-        "† degenerate: the model answers one class everywhere or never left chance-level "
-        f"training loss, so its accuracies are no result ({why})."
+        "† degenerate: the model answers one class everywhere, never left chance-level "
+        "training loss, or scores under the majority class on its own training data, so its "
+        f"accuracies are no result ({why})."
     )
 
 

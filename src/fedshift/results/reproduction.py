@@ -91,9 +91,10 @@ def write_reproduction_report(
     bad = [r for r in results if r.degenerate]
     if bad:
         parts.append(
-            "**Degenerate models** (marked †: a model that answers one class everywhere, or "
-            "whose training loss stayed at ln K, or a run that diverged; they count in no gap "
-            "and no rank correlation): "
+            "**Degenerate models** (marked †: a model that answers one class everywhere, "
+            "whose training loss stayed at ln K, or that scores under the majority class on "
+            "its own training data, or a run that diverged; they count in no gap and no rank "
+            "correlation): "
             + "; ".join(
                 f"{r.method.name} ({r.degenerate_seeds} of {len(r.per_seed)} seeds: "
                 f"{next(s.get('degenerate_why') for s in r.per_seed if s.get('degenerate'))})"
