@@ -402,12 +402,8 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
             f"run {run_id!r} already finished; nothing to resume (give --set rounds=N with "
             f"N > {record['rounds']} to extend it)"
         )
-    cfg = apply(RunConfig(), dict(config)).validate()
-    if data_dir is not None:  # the data may have moved since the run started
-        cfg.data_dir = data_dir
     holder: dict[str, Any] = {"run_id": run_id}
-    exp = build_experiment(cfg, data=data, on_round=_recorder(store, holder, on_round))
-    check_same_data(record, exp.data, cfg.seed)
+    cfg, exp = rebuild(record, config, data, data_dir, _recorder(store, holder, on_round))
     digest = config_hash(record["config"])
     path = checkpoint_path(store.path, run_id)
     result = None
@@ -439,6 +435,18 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
         store, run_id, stored["config"], store.path.parent, stored["round_metrics"]
     )
     return _execute(exp, store, run_id, result, digest, holder["tracking"])
+
+
+def rebuild(record: dict, config: dict, data=None, data_dir=None, on_round=None):
+    """A stored run's experiment again (``config``: its recorded config, or that with a
+    resume's overrides): the config validated, the data root moved if given, the data
+    checked to be the partition the run trained on. Returns (config, experiment)."""
+    cfg = apply(RunConfig(), dict(config)).validate()
+    if data_dir is not None:  # the data may have moved since the run started
+        cfg.data_dir = data_dir
+    exp = build_experiment(cfg, data=data, on_round=on_round)
+    check_same_data(record, exp.data, cfg.seed)
+    return cfg, exp
 
 
 def reimport(record: dict) -> None:

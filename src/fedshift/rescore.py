@@ -15,12 +15,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .api import check_same_data, reimport, training_lock
-from .config import RunConfig, apply
+from .api import rebuild, reimport, training_lock
 from .engine.checkpoint import load_checkpoint
 from .errors import FedshiftError
 from .eval.metrics import HEADLINE_METRICS, flag_chance_loss
-from .experiment import build_experiment
 from .results.store import RunStore, _now, checkpoint_path
 
 TOLERANCE = 1e-6  # percentage points: the same model on the same rows gives the same counts
@@ -49,11 +47,7 @@ def _rescore_one(store: RunStore, ref: str, data_dir: str | None) -> dict[str, A
         )
     with training_lock(store.path, run_id):
         reimport(record)
-        cfg = apply(RunConfig(), dict(record["config"])).validate()
-        if data_dir is not None:
-            cfg.data_dir = data_dir
-        exp = build_experiment(cfg)
-        check_same_data(record, exp.data, cfg.seed)
+        cfg, exp = rebuild(record, record["config"], data_dir=data_dir)
         state = load_checkpoint(path)
         if state.get("rounds_done") != cfg.rounds:
             raise FedshiftError(

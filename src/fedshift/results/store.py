@@ -316,9 +316,7 @@ class RunStore:
         """Append ``entry`` (round, device, time) to the run's ``environment["resumes"]``:
         a run may resume on another machine, and ``environment.device`` is where it began."""
         with closing(self._connect()) as conn, conn:
-            row = conn.execute("SELECT environment FROM runs WHERE run_id=?", (run_id,)).fetchone()
-            env = json.loads(row["environment"]) if row and row["environment"] else {}
-            env["resumes"] = [*env.get("resumes", []), entry]
+            env = _appended(conn, run_id, "resumes", entry)
             conn.execute("UPDATE runs SET environment=? WHERE run_id=?", (json.dumps(env), run_id))
 
     def override(self, run_id: str, config: dict[str, Any], entry: dict[str, Any]) -> None:
@@ -344,9 +342,7 @@ class RunStore:
         ``environment["rescored"]``, in one transaction."""
 
         def write(conn):
-            row = conn.execute("SELECT environment FROM runs WHERE run_id=?", (run_id,)).fetchone()
-            env = json.loads(row["environment"]) if row and row["environment"] else {}
-            env["rescored"] = [*env.get("rescored", []), entry]
+            env = _appended(conn, run_id, "rescored", entry)
             conn.execute(
                 "UPDATE runs SET metrics=?, environment=? WHERE run_id=?",
                 (json.dumps(metrics), json.dumps(env), run_id),
@@ -457,3 +453,12 @@ class RunStore:
             d["error"] = d["error"] or "the process running it ended abruptly (killed?)"
         d.pop("pid", None)
         return d
+
+
+def _appended(conn: sqlite3.Connection, run_id: str, key: str, entry: dict[str, Any]) -> dict:
+    """The run's ``environment`` with ``entry`` appended to its list ``key`` (resumes,
+    re-scores): what was added to a run after it began, kept beside where it began."""
+    row = conn.execute("SELECT environment FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    env = json.loads(row["environment"]) if row and row["environment"] else {}
+    env[key] = [*env.get(key, []), entry]
+    return env
