@@ -581,6 +581,71 @@ def rescore(
         out.print(f"{r['run_id']}  {r['algorithm']}  {verdict}{was}{why}", highlight=False)
 
 
+@app.command("export", cls=OnceCommand)
+@user_errors
+def export_(
+    run_ids: Annotated[
+        list[str] | None, typer.Argument(help="finished run ids (or unique prefixes)")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="folder for the run files")] = Path(
+        "exported-runs"
+    ),
+    group: Annotated[
+        str | None,
+        typer.Option(help="also every finished or diverged run of this group (id or prefix)"),
+    ] = None,
+    db: DbOption = DEFAULT_DB,
+    json_: JsonOption = False,
+) -> None:
+    """Write finished runs as files (one JSON each: config, rounds, per-client accuracies;
+    no checkpoint) to keep, commit or share; `fedshift import` reads them back."""
+    from .results.archive import EXPORTABLE, export_runs
+    from .results.store import RunStore
+
+    if not db.exists():
+        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
+    refs = list(run_ids or [])
+    if group:
+        found = [r for r in RunStore(db).runs() if (r["group"] or "").startswith(group)]
+        if not found:
+            raise FedshiftError(f"no run of group {group!r} in {str(db)!r} (see `fedshift runs`)")
+        kept = [r["run_id"] for r in found if r["status"] in EXPORTABLE and r["metrics"]]
+        if len(kept) < len(found):
+            err.print(
+                f"group {escape(group)}: {len(found) - len(kept)} unfinished run(s) not exported",
+                highlight=False,
+            )
+        refs += [r for r in kept if r not in refs]
+    if not refs:
+        raise FedshiftError("name the runs to export: run ids, or --group")
+    paths = export_runs(db, refs, out_dir)
+    if json_:
+        print_json({"exported": [str(p) for p in paths]})
+        return
+    err.print(f"wrote {len(paths)} run file(s) to {escape(str(out_dir))}", highlight=False)
+
+
+@app.command("import", cls=OnceCommand)
+@user_errors
+def import_(
+    files: Annotated[
+        list[Path], typer.Argument(help="run files written by `fedshift export`, or folders")
+    ],
+    db: DbOption = DEFAULT_DB,
+    json_: JsonOption = False,
+) -> None:
+    """Put exported runs into a run store, where report, compare, show and `--resume` (of
+    reproduce and sweep) find them as if they had run there."""
+    from .results.archive import import_runs
+
+    rows = import_runs(db, files)
+    if json_:
+        print_json({"imported": rows})
+        return
+    for r in rows:
+        out.print(f"{r['run_id']}  {r['algorithm']}  {r['action']}", highlight=False)
+
+
 @app.command(cls=OnceCommand)
 @user_errors
 def describe(

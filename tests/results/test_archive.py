@@ -1,0 +1,95 @@
+"""``fedshift export`` / ``import``: a finished run outlives its store. Exported from one
+store and imported into a fresh one, it reads the same (show, report) and a resumed sweep
+or table reuses it instead of training it again."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import fedshift as fs
+from fedshift.cli import app
+from fedshift.errors import FedshiftError
+from fedshift.results.archive import export_runs, import_runs
+from fedshift.results.store import RunStore
+
+SETTINGS = dict(scenario="digits-shortcut", algorithm="fedavg", rounds=2, lr=0.05)
+runner = CliRunner()
+
+
+def test_an_exported_run_imports_into_a_fresh_store_as_it_was(tmp_path):
+    db = tmp_path / "a.db"
+    run = fs.run(db=db, seed=0, **SETTINGS)
+    (path,) = export_runs(db, [run.run_id[:6]], tmp_path / "out")
+    assert path.name == f"{run.run_id}.json"
+    fresh = tmp_path / "b.db"
+    rows = import_runs(fresh, [tmp_path / "out"])
+    assert rows == [
+        {"run_id": run.run_id, "algorithm": "fedavg", "file": str(path), "action": "imported"}
+    ]
+    a, b = RunStore(db).run(run.run_id), RunStore(fresh).run(run.run_id)
+    for key in ("status", "config", "metrics", "val", "seed", "rounds_done", "client_accuracy"):
+        assert a[key] == b[key], key
+    assert [r["loss"] for r in a["round_metrics"]] == [r["loss"] for r in b["round_metrics"]]
+    assert b["environment"]["imported"][-1]["from"] == path.name
+    # importing again is harmless; a different run under the same id is refused
+    assert import_runs(fresh, [path])[0]["action"] == "present"
+    record = json.loads(path.read_text())
+    record["run"]["metrics"]["worst"] += 1.0
+    path.write_text(json.dumps(record))
+    with pytest.raises(FedshiftError, match="different run"):
+        import_runs(fresh, [path])
+
+
+def test_a_resumed_sweep_reuses_imported_runs_instead_of_training_them(tmp_path, monkeypatch):
+    from fedshift.sweep import run_sweep
+
+    fixed = {k: v for k, v in SETTINGS.items() if k != "lr"}
+    grid = {"lr": ["0.05", "0.2"]}
+    first = run_sweep(None, fixed, grid, [0], tmp_path / "a.db")
+    export_runs(tmp_path / "a.db", first["run_ids"], tmp_path / "out")
+    import_runs(tmp_path / "b.db", [tmp_path / "out"])
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a run was trained again")
+
+    monkeypatch.setattr("fedshift.api.run", no_training)  # the jobs loop imports it per call
+    again = run_sweep(None, fixed, grid, [0], tmp_path / "b.db", resume=True)
+    assert again["run_ids"] == first["run_ids"]
+    assert again["selected"] == first["selected"] and again["val"] == pytest.approx(first["val"])
+
+
+def test_unfinished_runs_are_not_exported_and_bad_files_get_one_sentence(tmp_path):
+    db = tmp_path / "a.db"
+    run = fs.run(db=db, seed=0, **SETTINGS)
+    store = RunStore(db)
+    store.fail(run.run_id, "interrupted", "stopped")
+    res = runner.invoke(app, ["export", run.run_id, "--db", str(db), "--out", str(tmp_path / "o")])
+    assert res.exit_code != 0 and "only finished or diverged" in res.output
+    assert "Traceback" not in res.output
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"format": "something else"}')
+    res = runner.invoke(app, ["import", str(junk), "--db", str(tmp_path / "b.db")])
+    assert res.exit_code != 0 and "not a run written by `fedshift export`" in res.output
+    res = runner.invoke(app, ["import", str(tmp_path / "none"), "--db", str(tmp_path / "b.db")])
+    assert res.exit_code != 0 and "no file or folder" in res.output
+
+
+def test_cli_exports_a_group_and_imports_it(tmp_path):
+    db = tmp_path / "a.db"
+    args = ["run", "--set", "scenario=digits-shortcut", "--rounds", "2", "--seeds", "0,1"]
+    res = runner.invoke(app, [*args, "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    group = RunStore(db).runs()[0]["group"]
+    out = tmp_path / "o"
+    res = runner.invoke(app, ["export", "--group", group, "--db", str(db), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert len(list(out.glob("*.json"))) == 2
+    res = runner.invoke(app, ["import", str(out), "--db", str(tmp_path / "b.db"), "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout.strip().splitlines()[-1])["imported"]
+    assert [r["action"] for r in rows] == ["imported", "imported"]
+    listed = runner.invoke(app, ["runs", "--db", str(tmp_path / "b.db"), "--json"])
+    assert {r["status"] for r in json.loads(listed.stdout.strip().splitlines()[-1])} == {"done"}
