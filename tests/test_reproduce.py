@@ -220,11 +220,15 @@ def test_cli_reproduce_quick_json(tmp_path):
             str(tmp_path / "cli"),
             "--set",
             "batch_size=7",
+            "--export",
+            str(tmp_path / "evidence"),
         ],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["table"] == "tiny" and len(summary["methods"]) == 2
+    exported = {p.stem for p in (tmp_path / "evidence").glob("*.json")}
+    assert exported == {m["run_ids"][0] for m in summary["methods"]}  # --export: every run
     assert all(len(m["run_ids"]) == 1 for m in summary["methods"])  # --quick: one seed
     store = RunStore(tmp_path / "c.db")
     for m in summary["methods"]:  # --set reaches every method's run

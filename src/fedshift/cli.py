@@ -240,6 +240,13 @@ def sweep(
             "its stopped ones from their checkpoints (a long sweep across sessions)"
         ),
     ] = False,
+    export_to: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="also write each run, as it ends, to this folder as a file (fedshift export)",
+        ),
+    ] = None,
     imports: ImportOption = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
@@ -249,7 +256,14 @@ def sweep(
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
     result = run_sweep(
-        source, overrides, parse_grid(grid or []), parse_seeds(seeds), db, progress_bar, resume
+        source,
+        overrides,
+        parse_grid(grid or []),
+        parse_seeds(seeds),
+        db,
+        progress_bar,
+        resume,
+        export_to=export_to,
     )
     console = err if json_ else out
     table = Table(
@@ -867,6 +881,13 @@ def reproduce(
             "its stopped ones from their checkpoints (a long table across sessions)"
         ),
     ] = False,
+    export_to: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="also write each run, as it ends, to this folder as a file (fedshift export)",
+        ),
+    ] = None,
     imports: ImportOption = None,
     estimate: Annotated[
         bool,
@@ -902,6 +923,7 @@ def reproduce(
         methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
         resume=resume,
         first_seed=first_seed,
+        export_to=export_to,
     )
     metrics = list(result["comparison"])
     rows = Table(title=f"{result['table']}: published / ours (accuracy %)")

@@ -78,9 +78,21 @@ def run_jobs(
     progress: Progress | None = None,
     keep_diverged: bool = False,
     reuse: bool = False,
+    export_to: str | Path | None = None,
 ) -> Iterator[Finished]:
     """Train ``jobs`` in order on this machine, each recorded in ``db`` under ``group``;
-    yields one :class:`Finished` per job as it ends."""
+    yields one :class:`Finished` per job as it ends. ``export_to``: each finished or
+    diverged run is also written there as a file (``fedshift export``) as soon as it ends,
+    so a long table's results outlive its store run by run."""
+    for done in _run_jobs(jobs, db, group, progress, keep_diverged, reuse):
+        if export_to is not None and db is not None:
+            from .results.archive import export_runs
+
+            export_runs(db, [done.run_id], export_to)
+        yield done
+
+
+def _run_jobs(jobs, db, group, progress, keep_diverged, reuse) -> Iterator[Finished]:
     from .api import resume as resume_api
     from .api import run as run_api
 

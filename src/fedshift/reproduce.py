@@ -118,6 +118,7 @@ def run_table(
     progress=None,
     resume: bool = False,
     first_seed: int = 0,
+    export_to: str | Path | None = None,
 ) -> tuple[list[MethodResult], list[str]]:
     """Run every method of ``table`` for ``seeds`` seeds; returns the results and the
     methods skipped because their algorithm is not registered. ``progress(total, label)
@@ -126,7 +127,8 @@ def run_table(
     and continued from its checkpoint when stopped (``jobs.earlier_run``), so a
     paper-scale table spans sessions. Seeds are ``first_seed … first_seed + seeds − 1``: a
     table run on seeds other than the one its settings were selected with starts past it.
-    A diverged run is a result of the table (a degenerate seed), not the end of it."""
+    A diverged run is a result of the table (a degenerate seed), not the end of it.
+    ``export_to``: each run ends also as a file there (``fedshift export``)."""
     from .jobs import Job, run_jobs
     from .results.store import new_group
 
@@ -156,7 +158,13 @@ def run_table(
     for m in plan.methods:
         done = list(
             run_jobs(
-                jobs(m), db=db, group=group, progress=progress, keep_diverged=True, reuse=resume
+                jobs(m),
+                db=db,
+                group=group,
+                progress=progress,
+                keep_diverged=True,
+                reuse=resume,
+                export_to=export_to,
             )
         )
         per_seed = []
@@ -184,6 +192,7 @@ def reproduce(
     methods: list[str] | None = None,
     resume: bool = False,
     first_seed: int = 0,
+    export_to: str | Path | None = None,
 ) -> dict:
     """Run a table (or the ``methods`` of it named) and write its report; returns the
     :func:`summary` dict."""
@@ -200,6 +209,7 @@ def reproduce(
         progress=progress,
         resume=resume,
         first_seed=first_seed,
+        export_to=export_to,
     )
     comparison = compare(table, results)
     first = method_config(

@@ -126,13 +126,15 @@ def run_sweep(
     db: str | Path | None,
     progress: Callable | None = None,
     resume: bool = False,
+    export_to: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run every grid point with every seed and select by validation accuracy.
 
     ``progress(total_rounds, label) -> (bar, on_round)`` shows a bar per run (the CLI's).
     ``resume``: a run of the same configuration already in ``db`` stands in (a finished
     one as it is, a stopped one continued from its checkpoint), so a long sweep that was
-    stopped continues where it was. Returns the JSON summary of ``fedshift sweep --json``.
+    stopped continues where it was. ``export_to``: each run ends also as a file there
+    (``fedshift export``). Returns the JSON summary of ``fedshift sweep --json``.
     """
     from .experiment import check_options
 
@@ -158,7 +160,13 @@ def run_sweep(
         name = ", ".join(f"{k}={v}" for k, v in params.items())
         jobs = [Job(cfg, f"{name or cfg.algorithm} (seed {cfg.seed})") for cfg in per_seed]
         runs = run_jobs(
-            jobs, db=db, group=group, progress=progress, keep_diverged=True, reuse=resume
+            jobs,
+            db=db,
+            group=group,
+            progress=progress,
+            keep_diverged=True,
+            reuse=resume,
+            export_to=export_to,
         )
         for run in runs:
             point.run_ids.append(run.run_id)

@@ -43,13 +43,13 @@ def test_an_exported_run_imports_into_a_fresh_store_as_it_was(tmp_path):
         import_runs(fresh, [path])
 
 
-def test_a_resumed_sweep_reuses_imported_runs_instead_of_training_them(tmp_path, monkeypatch):
+def test_a_sweeps_exported_runs_are_reused_by_a_resumed_sweep_elsewhere(tmp_path, monkeypatch):
     from fedshift.sweep import run_sweep
 
     fixed = {k: v for k, v in SETTINGS.items() if k != "lr"}
     grid = {"lr": ["0.05", "0.2"]}
-    first = run_sweep(None, fixed, grid, [0], tmp_path / "a.db")
-    export_runs(tmp_path / "a.db", first["run_ids"], tmp_path / "out")
+    first = run_sweep(None, fixed, grid, [0], tmp_path / "a.db", export_to=tmp_path / "out")
+    assert {p.stem for p in (tmp_path / "out").glob("*.json")} == set(first["run_ids"])
     import_runs(tmp_path / "b.db", [tmp_path / "out"])
 
     def no_training(*args, **kwargs):
