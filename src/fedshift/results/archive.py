@@ -41,10 +41,31 @@ def export_runs(db: str | Path, refs: Iterable[str], out_dir: str | Path) -> lis
     for record in records:
         path = out / f"{record['run']['run_id']}.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(record, sort_keys=True, indent=1) + "\n")
+        tmp.write_text(_layout(record))
         tmp.replace(path)  # never a half-written record in place of a whole one
         paths.append(path)
     return paths
+
+
+def _layout(record: dict[str, Any]) -> str:
+    """The file's text: one line per key of the run and one per round and accuracy row,
+    so a file stays small (no indentation per number) and a change reads as a line diff."""
+
+    def line(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+    parts = []
+    for key in sorted(record):
+        value = record[key]
+        if isinstance(value, list):
+            body = ",\n".join(f"  {line(v)}" for v in value)
+            parts.append(f" {line(key)}: [\n{body}\n ]" if value else f" {line(key)}: []")
+        elif isinstance(value, dict):
+            body = ",\n".join(f"  {line(k)}: {line(value[k])}" for k in sorted(value))
+            parts.append(f" {line(key)}: {{\n{body}\n }}")
+        else:
+            parts.append(f" {line(key)}: {line(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
 def _raw(store: RunStore, run_id: str) -> dict[str, Any]:
