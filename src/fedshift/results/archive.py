@@ -175,7 +175,6 @@ def _import_one(store: RunStore, record: dict[str, Any], path: Path) -> dict[str
         for key in ("config", "environment", "metrics", "overrides"):
             if run.get(key) is not None:
                 run[key] = json.dumps(run[key])
-        run["grp"] = run.get("grp")
         _insert(conn, "runs", {k: v for k, v in run.items() if k in cols})
         note = {"time": _now(), "from": path.name}
         conn.execute(
