@@ -19,6 +19,7 @@ from .cli_options import (  # noqa: F401  (fedshift.cli names)
     DataDirOption,
     DbOption,
     DeviceOption,
+    ExportOption,
     ImportOption,
     JsonOption,
     MethodOption,
@@ -240,13 +241,7 @@ def sweep(
             "its stopped ones from their checkpoints (a long sweep across sessions)"
         ),
     ] = False,
-    export_to: Annotated[
-        Path | None,
-        typer.Option(
-            "--export",
-            help="also write each run, as it ends, to this folder as a file (fedshift export)",
-        ),
-    ] = None,
+    export_to: ExportOption = None,
     imports: ImportOption = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
@@ -881,13 +876,7 @@ def reproduce(
             "its stopped ones from their checkpoints (a long table across sessions)"
         ),
     ] = False,
-    export_to: Annotated[
-        Path | None,
-        typer.Option(
-            "--export",
-            help="also write each run, as it ends, to this folder as a file (fedshift export)",
-        ),
-    ] = None,
+    export_to: ExportOption = None,
     imports: ImportOption = None,
     estimate: Annotated[
         bool,

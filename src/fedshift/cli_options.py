@@ -1,8 +1,8 @@
 """Options several commands declare alike (``run``, ``sweep``, ``reproduce``, ``runs``,
 ``report``, ``flower run`` …), declared once here so that ``fedshift.flower.cli`` can use
 them without importing ``fedshift.cli``: the run's source and ``--method``, ``--set``,
-``--rounds``, ``--seed(s)``, the run store, ``--json``, ``--device``, ``--data-dir``, and
-``--import``, which every command that looks a registered name up takes."""
+``--rounds``, ``--seed(s)``, the run store, ``--export``, ``--json``, ``--device``,
+``--data-dir``, and ``--import``, which every command that looks a registered name up takes."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ DeviceOption = Annotated[
     str | None, typer.Option(help="auto (cuda, else mps, else cpu), cpu, cuda, cuda:N or mps")
 ]
 DataDirOption = Annotated[str | None, typer.Option(help="data root (else $FEDSHIFT_DATA)")]
+ExportOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--export",
+        help="also write each run, as it ends, to this folder as a file (fedshift export)",
+    ),
+]
 RoundsOption = Annotated[int | None, typer.Option(help="communication rounds")]
 SeedOption = Annotated[int | None, typer.Option(help="run seed")]
 SeedsOption = Annotated[

@@ -69,34 +69,21 @@ def _layout(record: dict[str, Any]) -> str:
 
 
 def _raw(store: RunStore, run_id: str) -> dict[str, Any]:
-    """The run's rows as stored (JSON columns decoded so the file reads as one document)."""
-    with closing(store._connect()) as conn:
-        row = dict(conn.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone())
-        if row["status"] not in EXPORTABLE or row["status"] == "done" and not row["metrics"]:
-            raise FedshiftError(
-                f"run {run_id!r} is {row['status']}: only finished or diverged runs are exported "
-                "(an unfinished run continues from its checkpoint; resume it first)"
-            )
-        rounds = [
-            dict(r)
-            for r in conn.execute("SELECT * FROM rounds WHERE run_id=? ORDER BY round", (run_id,))
-        ]
-        accuracy = [
-            dict(r)
-            for r in conn.execute(
-                "SELECT * FROM client_accuracy WHERE run_id=? ORDER BY split, client, env",
-                (run_id,),
-            )
-        ]
-    row.pop("pid", None)
-    for key in ("config", "environment", "metrics", "overrides"):
-        row[key] = json.loads(row[key]) if row.get(key) else None
-    for r in rounds:
-        r.pop("run_id")
-        for key in ("metrics", "extras"):
-            r[key] = json.loads(r[key]) if r[key] else None
-    for r in accuracy:
-        r.pop("run_id")
+    """The run as ``RunStore.run`` reads it, laid out as the store's rows (its group under
+    the column name ``grp``; no process id, no run id repeated per row)."""
+    row = store.run(run_id)
+    if row["status"] not in EXPORTABLE or row["status"] == "done" and not row["metrics"]:
+        raise FedshiftError(
+            f"run {run_id!r} is {row['status']}: only finished or diverged runs are exported "
+            "(an unfinished run continues from its checkpoint; resume it first)"
+        )
+    rounds = [
+        {**{k: v for k, v in r.items() if k != "run_id"}, "extras": r["extras"] or None}
+        for r in row.pop("round_metrics")
+    ]
+    accuracy = sorted(row.pop("client_accuracy"), key=lambda r: (r["split"], r["client"], r["env"]))
+    row["grp"] = row.pop("group")
+    row["overrides"] = row["overrides"] or None
     return {
         "format": FORMAT,
         "version": VERSION,
