@@ -145,13 +145,14 @@ def test_fedsdr_written_environment_gradient_is_autograds():
 
 @pytest.mark.parametrize("hidden", [[8], [8, 6]])
 @pytest.mark.parametrize("lambda_", [0.5, 1e3])  # ℓ_dis below the clamp, then above it
-def test_fedsdr_written_objectives_are_autograds_for_the_cohort(hidden, lambda_):
-    """ℓ_SD (Ψ's risk minus the clamped environment disagreement) and ℓ_SR (risk + γ·the
-    moment estimator against a fixed Ψ) differentiated by hand for a cohort of three at
+@pytest.mark.parametrize("estimator", ["moment", "correlation", "prediction"])
+def test_fedsdr_written_objectives_are_autograds_for_the_cohort(hidden, lambda_, estimator):
+    """ℓ_SD (Ψ's risk minus the clamped environment disagreement) and ℓ_SR (risk + γ·each
+    estimator of Î against a fixed Ψ) differentiated by hand for a cohort of three at
     once, against autograd per client, with a short batch, away from the initialisation."""
     from fedshift.engine import local
 
-    options = {"gamma": 3.0, "lambda_": lambda_}
+    options = {"gamma": 3.0, "lambda_": lambda_, "mi_estimator": estimator}
     alg = experiment("fedsdr", options, model_options={"hidden": hidden}).algorithm
     assert local.written_gradient(alg.sd_loss) is not None
     assert local.written_gradient(alg.sr_risk) is not None
@@ -181,13 +182,18 @@ def test_fedsdr_written_objectives_are_autograds_for_the_cohort(hidden, lambda_)
             torch.testing.assert_close(grads[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_fedsdr_written_objectives_train_as_autograd(monkeypatch):
+# the correlation estimators' L1 of normalised correlations amplifies float rounding (its
+# gradient jumps where an entry changes sign): autograd alone, batched against client after
+# client, differs by 8e-4 in the personal weights after 3 rounds (moment: 2e-7), so those
+# are compared after one round
+@pytest.mark.parametrize("estimator, rounds", [("moment", 3), ("prediction", 1)])
+def test_fedsdr_written_objectives_train_as_autograd(monkeypatch, estimator, rounds):
     from fedshift.engine import local
 
-    options = {"gamma": 3.0, "personal_epochs": 2}
-    written = run("fedsdr", options, rounds=3)
+    options = {"gamma": 3.0, "personal_epochs": 2, "mi_estimator": estimator}
+    written = run("fedsdr", options, rounds=rounds)
     monkeypatch.setattr(local, "written_gradient", lambda loss: None)
-    autograd = run("fedsdr", options, rounds=3)
+    autograd = run("fedsdr", options, rounds=rounds)
     got = flatten(written.result.server)
     for name, v in flatten(autograd.result.server).items():
         torch.testing.assert_close(got[name], v, rtol=1e-4, atol=1e-5, msg=name)

@@ -51,6 +51,7 @@ from .common.local_stats import client_rows
 from .common.losses import cross_entropy
 from .common.representation import (
     class_centred,
+    conditional_correlation_l1_gradient,
     conditional_cross_moment_l1,
     environment_disagreement,
     features,
@@ -196,20 +197,23 @@ class ShortcutDiscovery(SignatureView):
     def env_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
         """∇ of ``env_risk`` written out for the whole cohort at once (softmax − one-hot,
         weighted per environment; tensors [C, …]): the step is a linear head on fixed
-        features, where autograd's and vmap's fixed costs are most of it."""
+        features, where autograd's and vmap's fixed costs are most of it. The logits are
+        formed transposed, [C, E·K, B] = W·zᵀ, the layout in which both products are one
+        plain batched matrix product (3× faster than [C, B, E·K] at E·K = 4, d = 390)."""
         weight, bias = params["env.weight"], params["env.bias"]  # [C, E, K, d], [C, E, K]
-        e, k = weight.shape[1], weight.shape[2]
-        logits = torch.einsum("cbd,cekd->cebk", z, weight) + bias[:, :, None]  # [C, E, B, K]
+        c, e, k, d = weight.shape
+        logits = torch.baddbmm(bias.view(c, e * k, 1), weight.view(c, e * k, d), z.mT)
+        logp = torch.log_softmax(logits.view(c, e, k, -1), 2)  # [C, E, K, B]
         env = extras["env"]  # [C, B]
         mask = (env[:, None, :] == torch.arange(e, device=env.device)[:, None]).to(w.dtype)
         mask = mask * w[:, None, :]  # [C, E, B]
         scale = mask / mask.sum(2, keepdim=True).clamp(min=1.0)
-        logp = torch.log_softmax(logits, -1)
-        target = (y[..., None] == torch.arange(k, device=y.device)).to(logits.dtype)[:, None]
-        loss = -(scale * (logp * target).sum(-1)).sum((1, 2))
-        delta = (logp.exp() - target) * scale[..., None]  # ∂loss/∂logits [C, E, B, K]
-        grads = {"env.weight": torch.einsum("cebk,cbd->cekd", delta, z), "env.bias": delta.sum(2)}
-        return grads, loss
+        target = (y[:, None, :] == torch.arange(k, device=y.device)[:, None]).to(logp.dtype)
+        target = target[:, None]  # [C, 1, K, B]
+        loss = -(scale * (logp * target).sum(2)).sum((1, 2))
+        delta = (logp.exp() - target) * scale[:, :, None]  # ∂loss/∂logits [C, E, K, B]
+        grad_w = torch.bmm(delta.view(c, e * k, -1), z).view(c, e, k, d)
+        return {"env.weight": grad_w, "env.bias": delta.sum(3)}, loss
 
     @gradient_by(env_risk_gradient, batched=True)
     def env_risk(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
@@ -222,26 +226,35 @@ class ShortcutDiscovery(SignatureView):
         return ((per * mask).sum(1) / mask.sum(1).clamp(min=1.0)).sum()
 
     def sr_risk_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        """``sr_risk`` with the moment estimator and its gradient for an MLP, the whole
-        cohort at once (tensors [C, …]; Ψ's view of each row precomputed, ``extras["psi"]``):
-        with C the class-centred Ψ (fixed) and M = Σ_b s_b Φ_b C_bᵀ, ∂‖M‖₁/∂Φ_b =
-        s_b·sign(M) C_b."""
+        """``sr_risk`` and its gradient for an MLP, the whole cohort at once (tensors [C, …];
+        Ψ's view of each row precomputed, ``extras["psi"]``). Moment estimator: with C the
+        class-centred Ψ (fixed) and M = Σ_b s_b Φ_b C_bᵀ, ∂‖M‖₁/∂Φ_b = s_b·sign(M) C_b; the
+        correlation estimators: ``conditional_correlation_l1_gradient`` in Φ (correlation)
+        or in the class-centred logits (prediction)."""
         phi, cache, risk, d_logits = self.head_risk(params, x, y, w)
         psi = extras["psi"]  # [C, B, d_Ψ]
+        k, gamma = self.ctx.data.num_classes, self.hp.gamma
         value, d_phi = risk, torch.zeros_like(phi)
-        if psi.shape[-1] > 0:
-            centred = class_centred(psi, y, w, self.ctx.data.num_classes)
+        if psi.shape[-1] > 0 and self.hp.mi_estimator == "moment":
+            centred = class_centred(psi, y, w, k)
             scale = loss_scale(w)[..., None]
             moment = (phi * scale).transpose(-1, -2) @ centred  # [C, d_Φ, d_Ψ]
-            value = risk + self.hp.gamma * moment.abs().sum((-2, -1))
-            d_phi = self.hp.gamma * scale * (centred @ moment.sign().transpose(-1, -2))
+            value = risk + gamma * moment.abs().sum((-2, -1))
+            d_phi = gamma * scale * (centred @ moment.sign().transpose(-1, -2))
+        elif psi.shape[-1] > 0 and self.hp.mi_estimator == "correlation":
+            penalty, d_signal = conditional_correlation_l1_gradient(phi, psi, y, w, k)
+            value, d_phi = risk + gamma * penalty, gamma * d_signal
+        elif psi.shape[-1] > 0:  # prediction: f_u's logits centred over the classes
+            logits = linear(phi, params["head.weight"], params["head.bias"])
+            signal = logits - logits.mean(-1, keepdim=True)
+            penalty, d_signal = conditional_correlation_l1_gradient(signal, psi, y, w, k)
+            value = risk + gamma * penalty
+            d_logits = d_logits + gamma * (d_signal - d_signal.mean(-1, keepdim=True))
         return self.head_risk_backward(params, cache, phi, d_logits, d_phi), value
 
     @gradient_by(
         sr_risk_gradient,
-        when=lambda self: (
-            self.extractor() is not None and self.per_sample() and self.hp.mi_estimator == "moment"
-        ),
+        when=lambda self: self.extractor() is not None and self.per_sample(),
         batched=True,
     )
     def sr_risk(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):

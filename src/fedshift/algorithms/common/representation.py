@@ -95,6 +95,29 @@ def conditional_correlation_l1(
     return (cov / (sd_p[:, None] * sd_s[None, :])).abs().mean()
 
 
+def conditional_correlation_l1_gradient(
+    phi: Tensor, psi: Tensor, y: Tensor, w: Tensor, classes: int, eps: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """``conditional_correlation_l1`` and its gradient in ``phi`` (``psi`` fixed), written
+    out for the whole cohort at once (tensors [C, B, d]; value [C]): with R = cov / (σ_Φ σ_Ψ)
+    and G = sign(R) / (d_Φ·d_Ψ), ∂/∂cov = G / (σ_Φ σ_Ψ), ∂/∂σ_Φ = −Σ_j G R / σ_Φ, carried back
+    through the weighted covariance and the standard deviation. The class centring's adjoint
+    adds nothing: that gradient is a w-weighted sum of class-centred rows, already centred
+    within each class (the engine's weights are 1 for a sample, 0 for an empty slot)."""
+    ww = w[..., None]  # [C, B, 1]
+    total = w.sum(-1).clamp(min=1.0)[..., None, None]  # [C, 1, 1]
+    cp, cs = class_centred(phi, y, w, classes), class_centred(psi, y, w, classes)
+    cov = (cp * ww).transpose(-1, -2) @ cs / total  # [C, d_Φ, d_Ψ]
+    sd_p = ((cp**2 * ww).sum(-2, keepdim=True) / total + eps).sqrt()  # [C, 1, d_Φ]
+    sd_s = ((cs**2 * ww).sum(-2, keepdim=True) / total + eps).sqrt()  # [C, 1, d_Ψ]
+    denom = sd_p.transpose(-1, -2) * sd_s  # [C, d_Φ, d_Ψ]
+    r = cov / denom
+    g = r.sign() / (r.shape[-1] * r.shape[-2])
+    d_sd = -(g * r).sum(-1)[..., None, :] / sd_p  # [C, 1, d_Φ]
+    d_cp = (ww / total) * (cs @ (g / denom).transpose(-1, -2) + d_sd * cp / sd_p)
+    return r.abs().mean((-2, -1)), d_cp
+
+
 def environment_disagreement(logits: Tensor, w: Tensor) -> Tensor:
     """ℓ_dis of FedSDR's eq. (4.5): E_x[½ Σ_{e,e'} ‖ω_e(Ψ(x)) − ω_e'(Ψ(x))‖²] for ``logits``
     [E, B, K], the outputs of the E environment classifiers on the same batch (with a
