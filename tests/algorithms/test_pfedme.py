@@ -77,3 +77,43 @@ def test_pfedme_trains_every_client_but_only_sampled_ones_upload():
     init = exp.ctx.initial_params
     for i in set(range(exp.data.num_clients)) - sampled:
         assert any(not torch.equal(state["p"][k][i].cpu(), v.cpu()) for k, v in init.items())
+
+
+def test_pfedme_cohort_step_is_the_per_client_step():
+    """For an MLP the engine runs pFedMe's update rule for the whole cohort at once
+    (``cohort_step``, a batched update rule: no vmap): each client's new values and loss
+    equal ``local_step`` on that client alone."""
+    exp = build_experiment(
+        make_config(algorithm="pfedme", **{**SETTINGS, "lr": 0.05}),
+        data=toy_data(sizes=SIZES),
+    )
+    ctx = exp.ctx
+    alg = PFedMe(PFedMeHyper(lambda_=4.0, inner_steps=3, personal_lr=0.2), ctx)
+    g = torch.Generator().manual_seed(2)
+    c, b = 3, 6
+    w = {k: v + 0.1 * torch.randn(c, *v.shape, generator=g) for k, v in ctx.initial_params.items()}
+    theta = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in w.items()}
+    x = ctx.data.train.x[: c * b].view(c, b, *ctx.data.input_shape)
+    y = ctx.data.train.y[: c * b].view(c, b)
+    mask = torch.ones(c, b)
+    mask[2, 4:] = 0  # a short batch
+    new, loss = alg.cohort_step({**w, "pm": theta}, {}, {}, x, y, mask)
+    assert loss.shape == (c,)
+    for i in range(c):
+        one = {**{k: v[i] for k, v in w.items()}, "pm": {k: v[i] for k, v in theta.items()}}
+        want, want_loss = alg.local_step(one, {}, {}, x[i], y[i], mask[i])
+        torch.testing.assert_close(loss[i], want_loss)
+        for k, v in flatten(want).items():
+            torch.testing.assert_close(flatten(new)[k][i], v, msg=k)
+
+
+@pytest.mark.parametrize("execution", ["batched", "sequential"])
+def test_pfedme_trains_the_same_through_the_cohort_step(monkeypatch, execution):
+    """A run through the batched rule gives the numbers of the vmapped per-client rule."""
+    settings = {**SETTINGS, "rounds": 2, "execution": execution}
+    cohort = run("pfedme", {"inner_steps": 2}, **settings)
+    monkeypatch.setattr(PFedMe, "cohort_step", PFedMe.local_step)
+    per_client = run("pfedme", {"inner_steps": 2}, **settings)
+    for k, v in flatten(per_client.result.server).items():
+        torch.testing.assert_close(flatten(cohort.result.server)[k], v, msg=k)
+    torch.testing.assert_close(cohort.result.accuracy, per_client.result.accuracy)

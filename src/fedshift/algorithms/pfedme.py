@@ -28,7 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..engine.contract import Tree, stack, tree_map, update_rule, weighted_mean
+from ..engine.contract import (
+    Tree,
+    batched_update_rule,
+    stack,
+    tree_map,
+    update_rule,
+    weighted_mean,
+)
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -85,17 +92,30 @@ class PFedMe(Algorithm):
     def local_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """Alg. 1 on one minibatch: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃,
         w_i ← w_i − ηλ(w_i − θ̃). Logs f_i(θ̃)."""
-        local = {k: v for k, v in params.items() if k != "pm"}
-        hp = self.hp
 
         def risk(t: Tree):
             return self.personal_risk(t, buffers, extras, x, y, w)
 
-        lam = self.prox_weight()
         written = self.inner_gradient()
         gradient = None if written is None else (lambda t: written(t, x, y, w)[0])
+        return self.box_step(params, risk, gradient)
+
+    @batched_update_rule
+    def cohort_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``local_step`` for the whole cohort at once (tensors [C, …], no ``vmap``), where
+        the inner gradient is written out (an MLP): the same arithmetic, batched."""
+        written = self.inner_gradient()
+        return self.box_step(
+            params, lambda t: written.risk(t, x, y, w), lambda t: written(t, x, y, w)[0]
+        )
+
+    def box_step(self, params: Tree, risk, gradient):
+        """Alg. 1's two lines given the minibatch's risk (and its written gradient, or
+        ``None`` for autograd)."""
+        local = {k: v for k, v in params.items() if k != "pm"}
+        lam = self.prox_weight()
         solved = prox_solve(
-            risk, params["pm"], local, lam, hp.personal_lr, hp.inner_steps, gradient
+            risk, params["pm"], local, lam, self.hp.personal_lr, self.hp.inner_steps, gradient
         )
         eta = self.ctx.sgd.lr
         moved = {k: v - eta * lam * (v - solved[k]) for k, v in local.items()}
@@ -106,8 +126,9 @@ class PFedMe(Algorithm):
         received, buffers = split_state(payload.broadcast)
         personal = stack(received, n) if self.reset_personal else split_state(state)[0]
         params = {**stack(received, n), "pm": personal}
+        step = self.local_step if self.inner_gradient() is None else self.cohort_step
         out = self.ctx.train(
-            self.local_step, params, stack(buffers, n), cohort, **self.train_extras(payload, cohort)
+            step, params, stack(buffers, n), cohort, **self.train_extras(payload, cohort)
         )
         local = {k: v for k, v in out.params.items() if k != "pm"}
         return ClientResult(

@@ -58,7 +58,7 @@ from .fused import linear, linear_grads, mlp_extractor, mlp_risk_gradient, plain
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
 from .rng import generator, torch_seed
-from .rule import update_rule
+from .rule import batched_update_rule, update_rule
 from .schedule import client_order
 from .sgd import SGDConfig
 from .tree import (
@@ -97,6 +97,7 @@ __all__ = [
     "leaves",
     "loss_scale",
     "gradient_by",
+    "batched_update_rule",
     "mlp_extractor",
     "mlp_risk_gradient",
     "put",

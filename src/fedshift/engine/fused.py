@@ -221,8 +221,9 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
     """For an MLP the fused step handles: ``gradient(params, x, y, w) -> (∇ of every
     parameter, loss)`` of the weighted cross-entropy for ONE client's minibatch, written out
     (the fused step's backward pass without its in-place update), for losses that need the
-    risk's gradient at points of their own (pFedMe's inner problem) and run under ``vmap``.
-    ``None`` for any other model."""
+    risk's gradient at points of their own (pFedMe's inner problem), under ``vmap`` or, with
+    a leading client axis on every tensor, for the whole cohort at once; ``gradient.risk``
+    is the risk alone. ``None`` for any other model."""
     layers = mlp_layers(model)
     if layers is None or any(True for _ in model.buffers()):
         return None
@@ -233,6 +234,10 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
         loss, delta, _ = cross_entropy_gradient(logits, y, w)
         return net.backward(params, cache, delta), loss
 
+    def risk(params: Tree, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        return cross_entropy_gradient(net.forward(params, x)[0], y, w)[0]
+
+    gradient.risk = risk  # the risk alone, by the same forward pass
     return gradient
 
 
@@ -277,7 +282,7 @@ class MLPChain:
         for i in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[i]
             if layer.relu:  # ReLU's backward, as autograd computes it (output > 0)
-                delta = torch.where(cache[i + 1] > 0, delta, torch.zeros_like(delta))
+                delta = torch.ops.aten.threshold_backward(delta, cache[i + 1], 0)
             if layer.bias is not None:
                 grads[layer.weight], grads[layer.bias] = linear_grads(delta, cache[i])
             else:

@@ -50,7 +50,7 @@ from .execution import (
 )
 from .fused import FusedMLPStep
 from .risk import written_gradient
-from .rule import is_update_rule, update_rule
+from .rule import is_batched_rule, is_update_rule, update_rule
 from .schedule import Schedule
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree, clone, flatten, take, unflatten
@@ -73,7 +73,7 @@ def on_flat_trees(loss_fn: LossFn) -> LossFn:
         return out
 
     if rule:
-        update_rule(loss)
+        update_rule(loss, batched=is_batched_rule(loss_fn))
 
     written = written_gradient(loss_fn)
     if written is not None:
@@ -269,7 +269,10 @@ class LocalTrainer:
 
         rule = is_update_rule(loss_fn)
         written = written_gradient(loss_fn)
-        if written is not None and getattr(loss_fn, "gradient_batched", False):
+        cohort_at_once = getattr(loss_fn, "gradient_batched", False) and written is not None
+        if rule and is_batched_rule(loss_fn):  # new values, not gradients: the same call
+            written, cohort_at_once = loss_fn, True
+        if cohort_at_once:
             fn = self._batched_written_step(written, batched)
             self._steps[key] = fn
             return fn
@@ -302,9 +305,10 @@ class LocalTrainer:
 
     @staticmethod
     def _batched_written_step(written, batched: bool):
-        """The step of a gradient written for the whole cohort (``gradient_by(batched=True)``):
-        called on the stacked tensors as they are, shared extras given the client axis; the
-        un-batched (client after client) step gives each tensor a client axis of one."""
+        """The step of a gradient written for the whole cohort (``gradient_by(batched=True)``)
+        or of a batched update rule (its new values in place of gradients): called on the
+        stacked tensors as they are, shared extras given the client axis; the un-batched
+        (client after client) step gives each tensor a client axis of one."""
 
         def step(trained, frozen, buffers, shared, per_client, x, y, w):
             n = x.shape[0]

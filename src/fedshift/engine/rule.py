@@ -20,14 +20,28 @@ from __future__ import annotations
 from collections.abc import Callable
 
 MARK = "update_rule"
+BATCHED = "update_rule_batched"
 
 
-def update_rule(step: Callable) -> Callable:
+def update_rule(step: Callable, batched: bool = False) -> Callable:
     """Mark ``step`` as an update rule (see the module docstring); give it to ``ctx.train``
-    where a loss would go."""
+    where a loss would go. ``batched=True`` (``batched_update_rule``): ``step`` takes the
+    whole cohort's stacked tensors (a leading client axis on every argument, shared extras
+    included) and returns every client's new values and loss [C]; the engine then calls it
+    without ``vmap``, as it does a gradient written with ``gradient_by(batched=True)``."""
     setattr(step, MARK, True)
+    setattr(step, BATCHED, batched)
     return step
+
+
+def batched_update_rule(step: Callable) -> Callable:
+    """``update_rule(step, batched=True)``: a rule written for the whole cohort at once."""
+    return update_rule(step, batched=True)
 
 
 def is_update_rule(fn: Callable) -> bool:
     return bool(getattr(fn, MARK, False))
+
+
+def is_batched_rule(fn: Callable) -> bool:
+    return bool(getattr(fn, BATCHED, False))
