@@ -123,9 +123,11 @@ class FedSR(FedAvg):
         dz = delta @ head_w + (self.hp.l2r * scale)[..., None] * unit
         # KL(N(Cμ, (Cσ)²) ‖ N(r_μ[y], r_σ[y]²)) per dimension, and its partial derivatives
         c = params["fedsr.scale"][:, None, None]
-        label = y[..., None]
-        ref_mu = torch.take_along_dim(params["fedsr.ref_mu"], label, dim=-2)  # r_μ[y]
-        ref_raw = torch.take_along_dim(params["fedsr.ref_sigma"], label, dim=-2)
+        # r_μ[y], r_σ[y] of each client's own table: one flat index (take_along_dim's
+        # broadcast gather cost 0.5 ms a call at [8, 64, 390])
+        row = (y + k * torch.arange(y.shape[0], device=y.device)[:, None]).flatten()
+        ref_mu = params["fedsr.ref_mu"].reshape(-1, d)[row].view(*y.shape, d)
+        ref_raw = params["fedsr.ref_sigma"].reshape(-1, d)[row].view(*y.shape, d)
         ref_sigma = F.softplus(ref_raw)
         m, s = mu * c, sigma * c
         gap = m - ref_mu
