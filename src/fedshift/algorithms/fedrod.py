@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, select, stack
+from ..engine.contract import (
+    Tree,
+    cross_entropy_gradient,
+    gradient_by,
+    linear,
+    linear_grads,
+    select,
+    stack,
+)
 from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, register_algorithm
 from .common.global_model import model_state, split_state
@@ -56,6 +64,25 @@ class FedRoD(FedAvg):
     def init_client_state(self, server: Tree) -> Tree:
         return {"p": select(self.ctx.initial_params, is_head)}
 
+    def loss_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``loss`` and its gradient for an MLP, the whole cohort at once (tensors [C, …]):
+        the BSM term's δ = softmax(g + γ log n) − one-hot reaches g and, through it, Φ;
+        the second term's δ (softmax(g + p) − one-hot) reaches p only (stop-gradients)."""
+        ext, own = self.extractor(), params[PERSONAL]
+        z, cache = ext.forward(params, x)  # [C, B, D]
+        head_w = params["head.weight"]
+        generic = linear(z, head_w, params["head.bias"])
+        shift = self.hp.gamma * torch.log(extras["counts"].clamp(min=1e-12))  # [C, K]
+        bsm, d_generic, _ = cross_entropy_gradient(generic + shift[:, None], y, w)
+        personal = linear(z, own["head.weight"], own["head.bias"])
+        ce, d_personal, _ = cross_entropy_gradient(generic + personal, y, w)
+        grads = ext.backward(params, cache, d_generic @ head_w)
+        grads["head.weight"], grads["head.bias"] = linear_grads(d_generic, z)
+        personal_w, personal_b = linear_grads(d_personal, z)
+        grads[PERSONAL] = {"head.weight": personal_w, "head.bias": personal_b}
+        return grads, bsm + ce
+
+    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         z = features(self.ctx, params, buffers, x)
         generic = classify(self.ctx, select(params, is_head), z)
