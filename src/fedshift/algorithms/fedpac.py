@@ -19,6 +19,8 @@ the received θ;
 the heads φ̂_i live in server state (``heads``, row i = client i's head; the server state is
 ``{"p": θ, "b": buffers, "heads": φ̂, "centroids": c, "has_centroid": …}``), since the
 server computes them after the uploads; a client that never took part keeps the initial head.
+For an MLP both local objectives' gradients are written out for the cohort (no autograd,
+no vmap; tested against autograd).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ BSM(z, y; n_i) = CE(z + log n_{i,·}, y) with n_{i,c} the client's class counts 
 predictor g(Φ(x)) + p(Φ(x)). Choices: the linear personal head (the paper's FedRoD
 without hyper-network); p starts as a copy of the initial head; absent classes get
 log n = log 1e-12 instead of −∞; since g and p are linear the evaluated model is Φ with
-head g + p (exactly the sum of logits).
+head g + p (exactly the sum of logits). For an MLP the loss's gradient is written out for
+the cohort (no autograd, no vmap; tested against autograd).
 """
 
 from __future__ import annotations
