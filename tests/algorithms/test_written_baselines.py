@@ -79,3 +79,15 @@ def test_written_baselines_train_as_autograd(monkeypatch, algorithm):
     sa, sb = flatten(written.runner.store.state or {}), flatten(autograd.runner.store.state or {})
     for name, v in sb.items():
         torch.testing.assert_close(sa[name], v, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "ditto", "scaffold"])
+def test_proximal_and_corrected_gradients_are_autograds_for_the_cohort(algorithm):
+    """FedProx's and Ditto's proximal objectives and SCAFFOLD's corrected step, written for
+    the whole cohort at once: each client's gradient and value (the proximal distance per
+    client, not summed over the cohort) equal autograd's on that client alone."""
+    alg = _algorithm(algorithm, [8])
+    g, params, x, y, w = _cohort(alg)
+    extras = {k: v + torch.randn(v.shape, generator=g) for k, v in params.items()}
+    loss = alg.personal_loss if algorithm == "ditto" else alg.loss
+    _against_autograd(loss, params, extras, x, y, w)

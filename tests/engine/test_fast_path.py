@@ -420,8 +420,13 @@ def test_proximal_gradient_is_autograds():
         risk = cross_entropy(torch.func.functional_call(m, p, (x,)), y, w)
         return risk + 0.5 * 0.7 * squared_distance(p, anchor)
 
-    grads, value = proximal_gradient(mlp_risk_gradient(m), 0.7, params, anchor, x, y, w)
-    torch.testing.assert_close(value, objective(params))
+    def one(t):  # a cohort of one client: the written gradient takes a client axis
+        return {k: v[None] for k, v in t.items()}
+
+    grads, value = proximal_gradient(
+        mlp_risk_gradient(m), 0.7, one(params), one(anchor), x[None], y[None], w[None]
+    )
+    torch.testing.assert_close(value[0], objective(params))
     want = torch.func.grad(objective)(params)
     for k in params:
-        torch.testing.assert_close(grads[k], want[k], msg=k)
+        torch.testing.assert_close(grads[k][0], want[k], msg=k)

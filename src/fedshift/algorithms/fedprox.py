@@ -33,7 +33,7 @@ class FedProx(FedAvg):
     def loss_gradient(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         return proximal_gradient(self.risk_gradient(), self.hp.mu, params, anchor, x, y, w)
 
-    @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient)
+    @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient, batched=True)
     def loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         return risk + 0.5 * self.hp.mu * squared_distance(params, anchor)

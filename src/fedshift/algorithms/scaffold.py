@@ -64,7 +64,7 @@ class Scaffold(GlobalModelAlgorithm):
         grads, risk = self.risk_gradient()(params, x, y, w)
         return {k: g + extras[k] if k in extras else g for k, g in grads.items()}, risk
 
-    @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient)
+    @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient, batched=True)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         # Algorithm 1, line 10; the log shows the risk (the linear term has no floor)

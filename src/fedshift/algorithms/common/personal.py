@@ -29,7 +29,7 @@ class L2Personalization:
         weight = self.personal_weight
         return proximal_gradient(self.risk_gradient(), weight, params, anchor, x, y, w)
 
-    @gradient_by(personal_gradient, when=Algorithm.has_risk_gradient)
+    @gradient_by(personal_gradient, when=Algorithm.has_risk_gradient, batched=True)
     def personal_loss(self, params: Tree, buffers: Tree, anchor: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)
         return risk + 0.5 * self.personal_weight * squared_distance(params, anchor)

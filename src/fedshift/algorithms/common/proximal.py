@@ -65,12 +65,17 @@ def proximal_gradient(
 ) -> tuple[Tree, Tensor]:
     """∇ and value of R(θ) + (weight/2)‖θ − anchor‖² (over the keys both trees have, as
     ``squared_distance``) from the risk's written gradient ``risk_gradient(θ, x, y, w)``:
-    FedProx's and Ditto's local objectives without autograd (``gradient_by``)."""
+    FedProx's and Ditto's local objectives without autograd, for the whole cohort at once
+    (``gradient_by(batched=True)``: a leading client axis on every tensor, a value per
+    client)."""
     grads, risk = risk_gradient(params, x, y, w)
+    distance = torch.zeros_like(risk)
     for k in anchor:
         if k in params:
-            grads[k] = grads[k] + weight * (params[k] - anchor[k])
-    return grads, risk + 0.5 * weight * squared_distance(params, anchor)
+            gap = params[k] - anchor[k]
+            grads[k] = grads[k] + weight * gap
+            distance = distance + (gap**2).flatten(1).sum(1)
+    return grads, risk + 0.5 * weight * distance
 
 
 def report_as(surrogate: Tensor, value: Tensor) -> Tensor:
