@@ -30,23 +30,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..engine.contract import (
-    Tree,
-    cross_entropy_gradient,
-    gradient_by,
-    linear,
-    linear_grads,
-    loss_scale,
-    select,
-    stack,
-    weighted_mean,
-)
+from ..engine.contract import Tree, gradient_by, loss_scale, select, stack, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.alignment import alignment_loss, class_feature_sums
 from .common.global_model import model_state
 from .common.local_stats import client_sums
 from .common.losses import cross_entropy
+from .common.representation import rows_by_label
 from .common.simplex import simplex_qp
 from .common.split import classify, features, is_extractor, is_head
 
@@ -108,21 +99,13 @@ class FedPAC(Algorithm):
         """``aligned`` and its gradient for an MLP, the whole cohort at once (tensors
         [C, …]): the risk's δ through the head to Φ(x), plus λ·a·2(Φ(x) − c_y)·w_b/(Σw·D)
         from the alignment's mean square."""
-        ext, k = self.extractor(), self.ctx.data.num_classes
-        z, cache = ext.forward(params, x)  # [C, B, D]
-        head_w = params["head.weight"]
-        logits = linear(z, head_w, params["head.bias"])
-        risk, delta, _ = cross_entropy_gradient(logits, y, w)
-        d = z.shape[-1]
-        row = (y + k * torch.arange(y.shape[0], device=y.device)[:, None]).flatten()
-        gap = z - extras["targets"].reshape(-1, d)[row].view(*y.shape, d)  # Φ(x) − c_y
-        scale = loss_scale(w) / d  # [C, B]: the mean over samples and dimensions
+        z, cache, risk, delta = self.head_risk(params, x, y, w)  # z: [C, B, D]
+        gap = z - rows_by_label(extras["targets"], y)  # Φ(x) − c_y
+        scale = loss_scale(w) / z.shape[-1]  # [C, B]: the mean over samples and dimensions
         weight = self.hp.lambda_ * extras["align"]  # [C]
         align = ((gap**2).sum(-1) * scale).sum(-1)
-        d_z = delta @ head_w + (2 * weight[:, None, None] * scale[..., None]) * gap
-        grads = ext.backward(params, cache, d_z)
-        grads["head.weight"], grads["head.bias"] = linear_grads(delta, z)
-        return grads, risk + weight * align
+        d_z = (2 * weight[:, None, None] * scale[..., None]) * gap
+        return self.head_risk_backward(params, cache, z, delta, d_z), risk + weight * align
 
     @gradient_by(aligned_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def aligned(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):

@@ -69,16 +69,14 @@ class FedRoD(FedAvg):
         """``loss`` and its gradient for an MLP, the whole cohort at once (tensors [C, …]):
         the BSM term's δ = softmax(g + γ log n) − one-hot reaches g and, through it, Φ;
         the second term's δ (softmax(g + p) − one-hot) reaches p only (stop-gradients)."""
-        ext, own = self.extractor(), params[PERSONAL]
-        z, cache = ext.forward(params, x)  # [C, B, D]
-        head_w = params["head.weight"]
-        generic = linear(z, head_w, params["head.bias"])
+        own = params[PERSONAL]
+        z, cache = self.extractor().forward(params, x)  # [C, B, D]
+        generic = linear(z, params["head.weight"], params["head.bias"])
         shift = self.hp.gamma * torch.log(extras["counts"].clamp(min=1e-12))  # [C, K]
         bsm, d_generic, _ = cross_entropy_gradient(generic + shift[:, None], y, w)
         personal = linear(z, own["head.weight"], own["head.bias"])
         ce, d_personal, _ = cross_entropy_gradient(generic + personal, y, w)
-        grads = ext.backward(params, cache, d_generic @ head_w)
-        grads["head.weight"], grads["head.bias"] = linear_grads(d_generic, z)
+        grads = self.head_risk_backward(params, cache, z, d_generic, 0.0)
         personal_w, personal_b = linear_grads(d_personal, z)
         grads[PERSONAL] = {"head.weight": personal_w, "head.bias": personal_b}
         return grads, bsm + ce

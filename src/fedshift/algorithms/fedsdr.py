@@ -35,10 +35,8 @@ import torch.nn.functional as F
 
 from ..engine.contract import (
     Tree,
-    cross_entropy_gradient,
     gradient_by,
     linear,
-    linear_grads,
     loss_scale,
     stack,
     tree_map,
@@ -163,22 +161,6 @@ class ShortcutDiscovery(SignatureView):
         d_z = -torch.einsum("cebk,cekd->cbd", d_env, params["env.weight"])
         grads = self.head_risk_backward(params, cache, z, d_logits, d_z)
         return grads, risk - torch.clamp(scaled, max=self.hp.alpha_th)
-
-    def head_risk(self, params: Tree, x, y, w):
-        """Φ(x) through the MLP extractor, the linear head's risk and ∂risk/∂logits: the
-        common start of the written ℓ_SD and ℓ_SR gradients (for one client or, with a
-        leading client axis on every tensor, the cohort)."""
-        z, cache = self.extractor().forward(params, x)
-        logits = linear(z, params["head.weight"], params["head.bias"])
-        risk, d_logits, _ = cross_entropy_gradient(logits, y, w)
-        return z, cache, risk, d_logits
-
-    def head_risk_backward(self, params: Tree, cache, z, d_logits, d_z):
-        """Every gradient from ∂risk/∂logits plus the objective's own ∂/∂Φ(x) ``d_z``."""
-        d_z = d_logits @ params["head.weight"] + d_z
-        grads = self.extractor().backward(params, cache, d_z)
-        grads["head.weight"], grads["head.bias"] = linear_grads(d_logits, z)
-        return grads
 
     @gradient_by(sd_loss_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def sd_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):

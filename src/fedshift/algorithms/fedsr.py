@@ -39,6 +39,7 @@ from ..options import opt, require
 from .base import ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy
+from .common.representation import rows_by_label
 from .common.split import classify, features, is_head, require_linear_head
 from .fedavg import FedAvg
 
@@ -123,11 +124,8 @@ class FedSR(FedAvg):
         dz = delta @ head_w + (self.hp.l2r * scale)[..., None] * unit
         # KL(N(Cμ, (Cσ)²) ‖ N(r_μ[y], r_σ[y]²)) per dimension, and its partial derivatives
         c = params["fedsr.scale"][:, None, None]
-        # r_μ[y], r_σ[y] of each client's own table: one flat index (take_along_dim's
-        # broadcast gather cost 0.5 ms a call at [8, 64, 390])
-        row = (y + k * torch.arange(y.shape[0], device=y.device)[:, None]).flatten()
-        ref_mu = params["fedsr.ref_mu"].reshape(-1, d)[row].view(*y.shape, d)
-        ref_raw = params["fedsr.ref_sigma"].reshape(-1, d)[row].view(*y.shape, d)
+        ref_mu = rows_by_label(params["fedsr.ref_mu"], y)  # r_μ[y] [C, B, d]
+        ref_raw = rows_by_label(params["fedsr.ref_sigma"], y)
         ref_sigma = F.softplus(ref_raw)
         m, s = mu * c, sigma * c
         gap = m - ref_mu

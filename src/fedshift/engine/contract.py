@@ -209,6 +209,23 @@ class Algorithm(ABC):
             self._extractor = mlp_extractor(self.ctx.model)
         return self._extractor
 
+    def head_risk(self, params: Tree, x, y, w):
+        """Φ(x) through the MLP extractor (``extractor()``), the linear head's risk and
+        ∂risk/∂logits: ``(z, cache, risk, δ)``, the common start of a written gradient (for
+        one client or, with a leading client axis on every tensor, the cohort)."""
+        z, cache = self.extractor().forward(params, x)
+        logits = linear(z, params["head.weight"], params["head.bias"])
+        risk, d_logits, _ = cross_entropy_gradient(logits, y, w)
+        return z, cache, risk, d_logits
+
+    def head_risk_backward(self, params: Tree, cache, z, d_logits, d_z):
+        """Every gradient of the extractor and the linear head from ∂/∂logits plus the
+        objective's own ∂/∂Φ(x) ``d_z`` (0 when it has none)."""
+        d_z = d_logits @ params["head.weight"] + d_z
+        grads = self.extractor().backward(params, cache, d_z)
+        grads["head.weight"], grads["head.bias"] = linear_grads(d_logits, z)
+        return grads
+
     def has_risk_gradient(self) -> bool:
         return self.risk_gradient() is not None
 

@@ -269,11 +269,14 @@ class LocalTrainer:
 
         rule = is_update_rule(loss_fn)
         written = written_gradient(loss_fn)
-        cohort_at_once = getattr(loss_fn, "gradient_batched", False) and written is not None
         if rule and is_batched_rule(loss_fn):  # new values, not gradients: the same call
-            written, cohort_at_once = loss_fn, True
-        if cohort_at_once:
-            fn = self._batched_written_step(written, batched)
+            cohort_at_once = loss_fn
+        elif written is not None and getattr(loss_fn, "gradient_batched", False):
+            cohort_at_once = written
+        else:
+            cohort_at_once = None
+        if cohort_at_once is not None:
+            fn = self._batched_written_step(cohort_at_once, batched)
             self._steps[key] = fn
             return fn
 

@@ -61,6 +61,15 @@ def contrastive_loss(z: Tensor, positive: Tensor, negatives: Tensor, tau: float,
     return sample_mean(torch.logsumexp(logits, dim=1) - pos, w)
 
 
+def rows_by_label(table: Tensor, y: Tensor) -> Tensor:
+    """Each client's own table row of each sample's label: ``table`` [C, K, d], ``y`` [C, B]
+    → [C, B, d], by one flat index (``take_along_dim``'s broadcast gather cost 1.85 against
+    0.35 ms a call at [8, 64, 390])."""
+    c, k, d = table.shape
+    row = (y + k * torch.arange(c, device=y.device)[:, None]).flatten()
+    return table.reshape(c * k, d)[row].view(*y.shape, d)
+
+
 def class_centred(v: Tensor, y: Tensor, w: Tensor, classes: int) -> Tensor:
     """``v`` [B, d] minus the weighted mean of its rows with the same label (with a leading
     client axis, [C, B, d], each client's own batch)."""
