@@ -25,6 +25,9 @@ personal model answer one class (the anchor Φ_g maps ~89 % of CMNIST inputs to 
 fine-tuned K steps at evaluation), gm-l2 (personal model trained with R + (μ/2)‖θ − θ_g‖²),
 pm-lambda0, pm-gamma0, pm.
 λ = γ = 0 leaves the personal model to plain local ERM.
+On an MLP every objective's gradient is written out for the whole cohort (no autograd):
+L_g^u (``global_gradient``), L_loc (``local_gradient``), GM-L2 (``l2_gradient``); Ψ_u's
+ERM and GM-FT's fine-tuning are the engine's own risk (its fused step).
 """
 
 from __future__ import annotations
@@ -48,8 +51,15 @@ from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, regis
 from .common.adaptive import ServerOptHyper, model_entries, server_opt_state, server_update
 from .common.global_model import model_state, split_state
 from .common.losses import cross_entropy, squared_distance
-from .common.proximal import prox_solve, report_as
-from .common.representation import contrastive_loss, feature_variance, features, head
+from .common.proximal import prox_solve, proximal_gradient, report_as
+from .common.representation import (
+    contrastive_loss,
+    contrastive_loss_gradient,
+    feature_variance,
+    feature_variance_gradient,
+    features,
+    head,
+)
 
 SHARED_AUX = ("aux.weight", "aux.bias")
 CLIENT_AUX = ("aux.client_weight", "aux.client_bias")  # row u belongs to client u
@@ -166,10 +176,26 @@ class FedPIN(Algorithm):
         own = {k: server[k][cohort.ids.to(server[k].device)] for k in CLIENT_AUX}
         return Payload({k: v for k, v in model_entries(server).items() if k not in CLIENT_AUX}, own)
 
-    # ---- losses (one client) ---------------------------------------------------------
-    def erm_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
-        return cross_entropy(self.ctx.forward(params, buffers, x), y, w)
+    # ---- losses (one client; Ψ_u's ERM and gm-ft's fine-tuning are the engine's own risk,
+    # ``self.loss``, which takes the fused step on an MLP) --------------------------------
+    def local_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``local_loss`` and its gradient written out for the whole cohort at once (tensors
+        [C, …], no ``vmap``) on an MLP: the head's risk δ, plus ∂/∂Φ_u(x) of λ·L_con
+        (against the fixed Φ_g(x) and Ψ_u(x)) and γ·Var(Φ_u(X)), back through Φ_u."""
+        ext = self.extractor()
+        z, cache, risk, delta = self.head_risk(params, x, y, w)
+        # Φ_g is the one broadcast model (the engine gives shared extras a client axis):
+        # its features of the cohort's rows as one batch
+        anchor_params = {k: v[0] for k, v in extras["gp"].items()}
+        anchor = ext.forward(anchor_params, x.flatten(0, 1))[0].view_as(z)
+        negatives = ext.forward(extras["sp"], x)[0]
+        lam, gam = self.weights()
+        con, d_con = contrastive_loss_gradient(z, anchor, negatives, self.hp.tau, w)
+        var, d_var = feature_variance_gradient(z, w)
+        grads = self.head_risk_backward(params, cache, z, delta, lam * d_con + gam * d_var)
+        return grads, risk + lam * con + gam * var
 
+    @gradient_by(local_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def local_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """L_loc (eq. 5.11) of the personalized model; extras carry Φ_g (g*) and Ψ_u (s*)."""
         m = self.ctx.model
@@ -181,10 +207,17 @@ class FedPIN(Algorithm):
         con = contrastive_loss(z, anchor.detach(), negatives.detach(), self.hp.tau, w)
         return risk + lam * con + gam * feature_variance(z, w)
 
+    def l2_gradient(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``l2_loss`` and its gradient for the whole cohort at once, from the MLP's written
+        risk gradient."""
+        risk = self.risk_gradient()
+        return proximal_gradient(risk, self.hp.l2_weight, params, extras["gp"], x, y, w)
+
+    @gradient_by(l2_gradient, when=Algorithm.has_risk_gradient, batched=True)
     def l2_loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """GM-L2 ablation: R(θ_u) + (μ/2)‖θ_u − θ_g‖²."""
         prox = squared_distance(params, extras["gp"])
-        return self.erm_loss(params, buffers, extras, x, y, w) + 0.5 * self.hp.l2_weight * prox
+        return self.loss(params, buffers, extras, x, y, w) + 0.5 * self.hp.l2_weight * prox
 
     def global_written(self) -> bool:
         """Whether ``global_gradient`` applies: an MLP, and L_g^u in its default form (ω_a's
@@ -279,9 +312,7 @@ class FedPIN(Algorithm):
         if hp.variant.startswith("pm"):
             # Alg. 5: Ψ_u for K local steps of ERM
             psi_p, psi_b = split_state(state["psi"])
-            psi = self.ctx.train(
-                self.erm_loss, psi_p, psi_b, cohort, "fedpin/erm", **self.k_local()
-            )
+            psi = self.ctx.train(self.loss, psi_p, psi_b, cohort, "fedpin/erm", **self.k_local())
             new_state["psi"] = model_state(psi.params, psi.buffers)
             # personalized model for K local steps with Φ_g^t and Ψ_u
             pm_p, pm_b = split_state(state["pm"])
@@ -348,7 +379,7 @@ class FedPIN(Algorithm):
         if variant == "gm-ft":
             n = len(cohort)
             out = self.ctx.train(
-                self.erm_loss,
+                self.loss,
                 stack(g_params, n),
                 stack(g_buffers, n),
                 cohort,

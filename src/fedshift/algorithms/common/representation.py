@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call
 
-from ...engine.contract import Tree, sample_mean
+from ...engine.contract import Tree, loss_scale, sample_mean
 from .split import submodule
 
 
@@ -59,6 +59,51 @@ def contrastive_loss(z: Tensor, positive: Tensor, negatives: Tensor, tau: float,
     neg = torch.where(w[None, :] > 0, neg, torch.full_like(neg, float("-inf")))
     logits = torch.cat([pos[:, None], neg], dim=1)
     return sample_mean(torch.logsumexp(logits, dim=1) - pos, w)
+
+
+def feature_variance_gradient(z: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    """``feature_variance`` and ∂/∂z for the whole cohort at once (z [C, B, d], w [C, B]):
+    with s_b = w_b / max(Σw, 1), m = Σ_b s_b z_b and S = Σ_b s_b, ∂/∂z_b = (2/d)·s_b·(z_b − m
+    − (1 − S)·m) (S = 1 unless a client's batch is empty)."""
+    s = loss_scale(w)[..., None]  # [C, B, 1]
+    mean = (s * z).sum(-2, keepdim=True)  # [C, 1, d]
+    centred = z - mean
+    value = (s * centred**2).sum(-2).mean(-1)
+    rest = 1 - s.sum(-2, keepdim=True)  # [C, 1, 1]: 1 − S
+    return value, (2 / z.shape[-1]) * s * (centred - rest * mean)
+
+
+def _unit(v: Tensor, eps: float = 1e-8) -> tuple[Tensor, Tensor, Tensor]:
+    """``F.normalize(v, dim=-1, eps=eps)`` with what its adjoint needs: (v / max(‖v‖, eps),
+    ‖v‖, max(‖v‖, eps))."""
+    norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+    scale = norm.clamp_min(eps)
+    return v / scale, norm, scale
+
+
+def contrastive_loss_gradient(
+    z: Tensor, positive: Tensor, negatives: Tensor, tau: float, w: Tensor, eps: float = 1e-8
+) -> tuple[Tensor, Tensor]:
+    """``contrastive_loss`` and its gradient in z (``positive`` and ``negatives`` fixed) for
+    the whole cohort at once (every tensor [C, B, d], w [C, B]). With p_b the softmax over
+    the anchor's logits [s⁺, s(z_b, n_1), …]/τ and s_b its weight in the mean, ∂/∂ẑ_b =
+    (s_b/τ)·((p_b0 − 1)·p̂_b + Σ_j p_bj·n̂_j); through the normalisation ẑ = z / max(‖z‖, ε):
+    (g − ẑ(ẑ·g)) / ‖z‖, or g / ε where ‖z‖ ≤ ε (as autograd of ``F.normalize``)."""
+    zn, norm, scale = _unit(z, eps)
+    pn = _unit(positive, eps)[0]
+    nn_ = _unit(negatives, eps)[0]
+    pos = (zn * pn).sum(-1) / tau  # [C, B]
+    neg = (zn @ nn_.transpose(-1, -2)) / tau  # [C, B, B]
+    neg = neg.masked_fill(w[..., None, :] <= 0, float("-inf"))
+    logits = torch.cat([pos[..., None], neg], dim=-1)
+    lse = torch.logsumexp(logits, dim=-1)
+    s = loss_scale(w)
+    value = (s * (lse - pos)).sum(-1)
+    p = torch.exp(logits - lse[..., None])  # the softmax; 0 at the excluded slots
+    d_zn = (s[..., None] / tau) * ((p[..., :1] - 1) * pn + p[..., 1:] @ nn_)
+    radial = (zn * d_zn).sum(-1, keepdim=True)
+    d_z = torch.where(norm > eps, (d_zn - zn * radial) / scale, d_zn / eps)
+    return value, d_z
 
 
 def rows_by_label(table: Tensor, y: Tensor) -> Tensor:
