@@ -11,7 +11,12 @@ import fedshift as fs
 from fedshift.algorithms.common.losses import cross_entropy
 from fedshift.engine import local
 from fedshift.engine.contract import Algorithm
-from fedshift.engine.fused import FusedMLPStep, declares_plain_cross_entropy, mlp_layers
+from fedshift.engine.fused import (
+    FusedMLPStep,
+    declares_plain_cross_entropy,
+    mlp_layers,
+    proximal_weight,
+)
 from fedshift.engine.sgd import SGDConfig
 from fedshift.engine.tree import flatten, stack
 from fedshift.experiment import build_experiment
@@ -430,3 +435,64 @@ def test_proximal_gradient_is_autograds():
     want = torch.func.grad(objective)(params)
     for k in params:
         torch.testing.assert_close(grads[k][0], want[k], msg=k)
+
+
+def _proximal_both(sgd, per_client, trainable=None):
+    """(fused, general) results of FedProx's loss (CE + (μ/2)‖θ − anchor‖²) on one cohort,
+    the anchor shared or one per client."""
+    data = toy_data()
+    cfg = fs.make_config(
+        algorithm="fedprox", algorithm_options={"mu": 0.7}, model_options={"hidden": [16, 8]},
+        **SETTINGS,
+    )  # fmt: skip
+    exp = build_experiment(cfg, data=data)
+    ctx, alg = exp.ctx, exp.algorithm
+    cohort = ctx.cohort(torch.arange(data.num_clients), 0)
+    n = len(cohort)
+    g = torch.Generator().manual_seed(5)
+    anchor = {k: v + 0.2 * torch.randn(v.shape, generator=g) for k, v in ctx.initial_params.items()}
+    extras = {"per_client": stack(anchor, n)} if per_client else {"shared": anchor}
+    outs = []
+    for fused in (True, False):
+        ctx.trainer.fused = fused
+        p, b = stack(ctx.initial_params, n), stack(ctx.initial_buffers, n)
+        outs.append(ctx.train(alg.loss, p, b, cohort, sgd=sgd, trainable=trainable, **extras))
+    return outs
+
+
+@pytest.mark.parametrize(
+    "sgd", [SGDConfig(0.1), SGDConfig(0.05, momentum=0.9), SGDConfig(0.05, 0.5, weight_decay=0.01)]
+)
+@pytest.mark.parametrize("per_client", [False, True])
+def test_fused_proximal_step_equals_general_path(monkeypatch, sgd, per_client):
+    """FedProx's (and Ditto's personal) objective on the fused step, the pull folded into
+    the in-place update, against the general path's written gradient: the same training and
+    the same logged loss (the pull's value included), with a shared or per-client anchor."""
+    calls = []
+    train = FusedMLPStep.train
+    monkeypatch.setattr(
+        FusedMLPStep, "train", lambda self, *a, **k: calls.append(1) or train(self, *a, **k)
+    )
+    fused, general = _proximal_both(sgd, per_client)
+    assert calls == [1]  # the first call took the fused step, the second the general path
+    torch.testing.assert_close(fused.loss, general.loss, rtol=1e-5, atol=1e-6)
+    for k, v in general.params.items():
+        torch.testing.assert_close(fused.params[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_fused_proximal_step_with_frozen_layers_counts_their_pull():
+    head_only = lambda name: name.startswith("head.")  # noqa: E731
+    fused, general = _proximal_both(SGDConfig(0.1), per_client=True, trainable=head_only)
+    torch.testing.assert_close(fused.loss, general.loss, rtol=1e-5, atol=1e-6)
+    for k, v in general.params.items():
+        torch.testing.assert_close(fused.params[k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "ditto", "irm-l2"])
+def test_proximal_objectives_take_the_fused_step(algorithm):
+    exp = build_experiment(fs.make_config(algorithm=algorithm, **SETTINGS), data=toy_data())
+    own = exp.algorithm.loss if algorithm == "fedprox" else exp.algorithm.personal_loss
+    assert proximal_weight(own) is not None
+    assert FusedMLPStep.applies(own, exp.ctx.model, {}, None) is not None
+    cnn = build_model("fedavg-cnn", (1, 28, 28), 10, {})
+    assert FusedMLPStep.applies(own, cnn, {}, None) is None

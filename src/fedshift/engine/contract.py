@@ -54,7 +54,14 @@ from ..data.federated import FederatedData
 from ..models.base import FedModel
 from .context import Cohort, Context
 from .execution import single_threaded
-from .fused import linear, linear_grads, mlp_extractor, mlp_risk_gradient, plain_cross_entropy
+from .fused import (
+    linear,
+    linear_grads,
+    mlp_extractor,
+    mlp_risk_gradient,
+    plain_cross_entropy,
+    proximal_cross_entropy,
+)
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
 from .rng import generator, torch_seed
@@ -100,6 +107,7 @@ __all__ = [
     "batched_update_rule",
     "mlp_extractor",
     "mlp_risk_gradient",
+    "proximal_cross_entropy",
     "put",
     "sample_mean",
     "select",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -57,6 +58,32 @@ def plain_cross_entropy(fn: Callable) -> Callable:
 
 def declares_plain_cross_entropy(fn: Callable) -> bool:
     return bool(getattr(fn, MARK, False))
+
+
+PROXIMAL_MARK = "__fedshift_proximal_cross_entropy__"
+
+
+def proximal_cross_entropy(weight: Callable[[Any], float]) -> Callable:
+    """Declare that the loss ``fn(params, buffers, anchor, x, y, w)`` is exactly
+    ``cross_entropy(forward(params, buffers, x), y, w) + (μ/2)·Σ_k ‖params[k] − anchor[k]‖²``
+    over the keys both have, μ = ``weight(self)`` (FedProx's objective, Ditto's personal
+    one): the fused step then runs it with the pull folded into its in-place update, so no
+    gradient tensor is written and read back (on a wide layer that traffic, not the
+    arithmetic, is most of a small step). Like ``plain_cross_entropy``, an override loses
+    the mark."""
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, PROXIMAL_MARK, weight)
+        return fn
+
+    return mark
+
+
+def proximal_weight(fn: Callable) -> float | None:
+    """μ of a loss marked by ``proximal_cross_entropy`` (a bound method), else ``None``."""
+    weight = getattr(fn, PROXIMAL_MARK, None)
+    owner = getattr(fn, "__self__", None)
+    return None if weight is None or owner is None else float(weight(owner))
 
 
 @dataclass(frozen=True)
@@ -97,12 +124,17 @@ def mlp_layers(model: nn.Module) -> list[Layer] | None:
 
 
 class FusedMLPStep:
-    """In-place SGD steps of a cohort for weighted cross-entropy of an MLP."""
+    """In-place SGD steps of a cohort for weighted cross-entropy of an MLP, optionally with
+    a proximal pull (μ/2)‖θ − anchor‖² (``proximal_cross_entropy``): its gradient μ(θ − a)
+    joins the update in place, θ ← θ − lr·μ(θ − a) − lr·δᵀx, and its value the logged loss."""
 
-    def __init__(self, layers: list[Layer], sgd: SGDConfig, train_keys: tuple[str, ...]):
+    def __init__(
+        self, layers: list[Layer], sgd: SGDConfig, train_keys: tuple[str, ...], mu: float = 0.0
+    ):
         self.layers = layers
         self.sgd = sgd
         self.train_keys = set(train_keys)
+        self.mu = mu
         # without momentum or weight decay a bias update is one rank-B product in place
         self.plain = not sgd.momentum and not sgd.weight_decay
 
@@ -110,7 +142,8 @@ class FusedMLPStep:
     def applies(
         loss_fn: Callable, model: nn.Module, buffers: Tree, noise: dict | None
     ) -> list[Layer] | None:
-        if not declares_plain_cross_entropy(loss_fn) or buffers or noise:
+        fusable = declares_plain_cross_entropy(loss_fn) or proximal_weight(loss_fn) is not None
+        if not fusable or buffers or noise:
             return None
         return mlp_layers(model)
 
@@ -133,12 +166,15 @@ class FusedMLPStep:
         wgt: Tensor,
         active: list[int],
         between_steps: Callable[[], None] = lambda: None,
+        anchor: dict[str, tuple[Tensor, bool]] | None = None,
     ) -> Tensor:
         """Every step of a schedule: ``idx``/``wgt`` [C, S, B] rows of ``x_flat`` [N, D]
         (labels ``y`` [N]) and their weights, clients sorted so that the ``active[s]``
         clients still training at step ``s`` are a prefix. Returns the [C] sums of each
         client's step losses (each taken before its step). ``between_steps`` is called
-        before each step."""
+        before each step. ``anchor`` (parameter name → (tensor, per client)): the proximal
+        pull's anchor, one tensor for the cohort or a [C, …] stack in cohort order."""
+        self.anchor = anchor or {}
         c, s_max, b = idx.shape
         classes = params[self.layers[-1].weight].shape[1]
         # per-step tensors in step-major order, so that a prefix of clients is contiguous;
@@ -146,6 +182,7 @@ class FusedMLPStep:
         per_step = c * b * (classes + 3)
         block = max(1, BLOCK_ELEMENTS // max(per_step, 1))
         acc = torch.zeros(c, b, classes, dtype=x_flat.dtype, device=x_flat.device)
+        prox = torch.zeros(c, dtype=x_flat.dtype, device=x_flat.device)  # Σ_steps (μ/2)‖θ − a‖²
         ones = torch.ones(c, 1, b, dtype=x_flat.dtype, device=x_flat.device)
         views: dict[int, tuple] = {}
         threads = torch.get_num_threads()
@@ -163,29 +200,59 @@ class FusedMLPStep:
                     between_steps()  # may raise to abandon the training (a stop request)
                     k = active[s]
                     if k not in views:
-                        views[k] = self._views(params, momentum, k, acc, ones)
+                        views[k] = self._views(params, momentum, k, acc, ones, prox)
                         if k <= few:
                             torch.set_num_threads(1)
                     a = x_flat.index_select(0, rows[s - s0, : k * b]).view(k, b, -1)
                     self._step(views[k], a, scale[s - s0, :k], neg[s - s0, :k])
         finally:
             torch.set_num_threads(threads)
-        return acc.sum((1, 2))
+        return acc.sum((1, 2)) + prox
 
-    def _views(self, params: Tree, momentum: Tree, k: int, acc: Tensor, ones: Tensor) -> tuple:
-        """The ``k``-client prefixes of everything a step touches, built once per ``k``."""
+    def _anchor(self, name: str | None, k: int, like: Tensor) -> Tensor | None:
+        """The anchor of parameter ``name`` for the ``k``-client prefix, shaped to broadcast
+        against its view ``like`` ([k, …]), or ``None`` without one."""
+        if name is None or name not in self.anchor:
+            return None
+        t, per_client = self.anchor[name]
+        t = t[:k] if per_client else t.unsqueeze(0)
+        return t.reshape(t.shape[0], *like.shape[1:])
+
+    def _views(
+        self, params: Tree, momentum: Tree, k: int, acc: Tensor, ones: Tensor, prox: Tensor
+    ) -> tuple:
+        """The ``k``-client prefixes of everything a step touches, built once per ``k``;
+        with a proximal pull, also the anchors and the pull's value on the parameters that
+        are not trained (a constant)."""
         per_layer = []
         for layer in self.layers:
             w = params[layer.weight][:k]
             bias = params[layer.bias][:k].unsqueeze(1) if layer.bias is not None else None
-            per_layer.append((layer, w, w.transpose(1, 2), bias))
+            anchors = (self._anchor(layer.weight, k, w), self._anchor(layer.bias, k, bias))
+            per_layer.append((layer, w, w.transpose(1, 2), bias, anchors))
         mom = {n: t[:k] for n, t in momentum.items()}
-        return per_layer, mom, acc[:k], ones[:k]
+        still = torch.zeros(k, dtype=acc.dtype, device=acc.device)
+        for name, (t, per_client) in self.anchor.items():
+            if name in params and name not in self.train_keys:
+                gap = (params[name][:k] - (t[:k] if per_client else t)).reshape(k, -1)
+                still += (0.5 * self.mu) * torch.linalg.vecdot(gap, gap)
+        return per_layer, mom, acc[:k], ones[:k], prox[:k], still
+
+    def _pull(self, p: Tensor, a: Tensor | None, prox: Tensor) -> Tensor | None:
+        """θ − a of one parameter (before the step), its (μ/2)‖θ − a‖² added to ``prox``."""
+        if a is None:
+            return None
+        gap = p - a
+        flat = gap.reshape(p.shape[0], -1)
+        prox.add_(torch.linalg.vecdot(flat, flat), alpha=0.5 * self.mu)
+        return gap
 
     def _step(self, views: tuple, a: Tensor, scale: Tensor, neg: Tensor) -> None:
-        per_layer, mom, acc, ones = views
+        per_layer, mom, acc, ones, prox, still = views
+        if self.anchor:
+            prox.add_(still)
         acts = []  # input of each layer
-        for layer, _, wt, bias in per_layer:
+        for layer, _, wt, bias, _ in per_layer:
             acts.append(a)
             a = torch.baddbmm(bias, a, wt) if bias is not None else torch.bmm(a, wt)
             if layer.relu:
@@ -194,22 +261,33 @@ class FusedMLPStep:
         acc.addcmul_(neg, logp)  # Σ −w_b/max(Σw,1)·log p(y_b): the loss, summed at the end
         # d loss / d logits = (softmax − onehot) · w_b / max(Σw, 1)
         delta = torch.addcmul(neg, logp.exp_(), scale)
+        lr, mu = self.sgd.lr, self.mu
         for i in range(len(per_layer) - 1, -1, -1):
-            layer, w, _, bias = per_layer[i]
+            layer, w, _, bias, (w_anchor, b_anchor) = per_layer[i]
             a_in = acts[i]
             # δ of the layer below, with the weight before this step's update
             below = torch.bmm(delta, w) if i > 0 else None
             if layer.weight in self.train_keys:
+                gap = self._pull(w, w_anchor, prox)
                 if self.plain:
-                    w.baddbmm_(delta.transpose(1, 2), a_in, alpha=-self.sgd.lr)
+                    if gap is not None:
+                        w.sub_(gap, alpha=lr * mu)
+                    w.baddbmm_(delta.transpose(1, 2), a_in, alpha=-lr)
                 else:
                     g = torch.bmm(delta.transpose(1, 2), a_in)
+                    if gap is not None:
+                        g.add_(gap, alpha=mu)
                     sgd_update_({"p": w}, {"p": g}, {"p": mom.get(layer.weight)}, self.sgd)
             if bias is not None and layer.bias in self.train_keys:
+                gap = self._pull(bias, b_anchor, prox)
                 if self.plain:
-                    bias.baddbmm_(ones, delta, alpha=-self.sgd.lr)
+                    if gap is not None:
+                        bias.sub_(gap, alpha=lr * mu)
+                    bias.baddbmm_(ones, delta, alpha=-lr)
                 else:
                     p, g = bias.squeeze(1), delta.sum(1)
+                    if gap is not None:
+                        g.add_(gap.squeeze(1), alpha=mu)
                     sgd_update_({"p": p}, {"p": g}, {"p": mom.get(layer.bias)}, self.sgd)
             if below is not None:
                 delta = below
