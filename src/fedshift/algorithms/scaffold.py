@@ -5,8 +5,9 @@ Objective: FedAvg's min_x Σ_i (n_i / n) R_i(x), with client drift corrected by 
 variates. Algorithm 1 of the paper, per round with server model x and control variate c:
 each sampled client starts from y_i = x and takes K_i steps y_i ← y_i − η_l (g_i(y_i) − c_i + c)
 (here: the gradient of R_i(y) + ⟨c − c_i, y⟩, so the engine's autodiff gives exactly that
-update; for an MLP the same gradient written out, ``loss_gradient``); then option II:
-c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); it uploads Δy_i = y_i − x and
+update; for an MLP the engine's fused step adds c − c_i to its in-place update,
+``corrected_cross_entropy``, and elsewhere ``loss_gradient`` writes the gradient out);
+then option II: c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); it uploads Δy_i = y_i − x and
 Δc_i = c_i⁺ − c_i. The server sets x ← x + η_g · mean_S Δy_i and c ← c + (1/N) Σ_S Δc_i.
 
 Defaults and choices: η_g = 1 (the paper's experiments); c and every c_i start at 0; the
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.contract import Tree, gradient_by, weighted_mean
+from ..engine.contract import Tree, corrected_cross_entropy, gradient_by, weighted_mean
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, RoundInfo, register_algorithm
 from .common.global_model import GlobalModelAlgorithm, model_state, split_state
@@ -64,6 +65,7 @@ class Scaffold(GlobalModelAlgorithm):
         grads, risk = self.risk_gradient()(params, x, y, w)
         return {k: g + extras[k] if k in extras else g for k, g in grads.items()}, risk
 
+    @corrected_cross_entropy
     @gradient_by(loss_gradient, when=Algorithm.has_risk_gradient, batched=True)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         risk = cross_entropy(self.ctx.forward(params, buffers, x), y, w)

@@ -55,6 +55,7 @@ from ..models.base import FedModel
 from .context import Cohort, Context
 from .execution import single_threaded
 from .fused import (
+    corrected_cross_entropy,
     linear,
     linear_grads,
     mlp_extractor,
@@ -95,6 +96,7 @@ __all__ = [
     "TrainResult",
     "Tree",
     "client_order",
+    "corrected_cross_entropy",
     "cross_entropy",
     "cross_entropy_gradient",
     "linear",

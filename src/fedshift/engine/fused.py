@@ -86,6 +86,23 @@ def proximal_weight(fn: Callable) -> float | None:
     return None if weight is None or owner is None else float(weight(owner))
 
 
+CORRECTED_MARK = "__fedshift_corrected_cross_entropy__"
+
+
+def corrected_cross_entropy(fn: Callable) -> Callable:
+    """Declare that the loss ``fn(params, buffers, correction, x, y, w)`` trains exactly
+    ``cross_entropy(forward(params, buffers, x), y, w) + Σ_k ⟨params[k], correction[k]⟩``
+    over the keys both have and logs the risk alone (SCAFFOLD's corrected step, whose
+    linear term has no floor): the fused step then adds the constant correction to its
+    in-place update. An override loses the mark."""
+    setattr(fn, CORRECTED_MARK, True)
+    return fn
+
+
+def declares_corrected_cross_entropy(fn: Callable) -> bool:
+    return bool(getattr(fn, CORRECTED_MARK, False))
+
+
 @dataclass(frozen=True)
 class Layer:
     weight: str  # parameter name of the [out, in] weight
@@ -126,15 +143,24 @@ def mlp_layers(model: nn.Module) -> list[Layer] | None:
 class FusedMLPStep:
     """In-place SGD steps of a cohort for weighted cross-entropy of an MLP, optionally with
     a proximal pull (μ/2)‖θ − anchor‖² (``proximal_cross_entropy``): its gradient μ(θ − a)
-    joins the update in place, θ ← θ − lr·μ(θ − a) − lr·δᵀx, and its value the logged loss."""
+    joins the update in place, θ ← θ − lr·μ(θ − a) − lr·δᵀx, and its value the logged loss;
+    or with a linear term ⟨θ, c⟩ (``corrected_cross_entropy``, ``corrected=True``): θ ←
+    θ − lr·c − lr·δᵀx, the risk logged. The extras under the parameters' names (``anchor``
+    of ``train``) are a or c."""
 
     def __init__(
-        self, layers: list[Layer], sgd: SGDConfig, train_keys: tuple[str, ...], mu: float = 0.0
+        self,
+        layers: list[Layer],
+        sgd: SGDConfig,
+        train_keys: tuple[str, ...],
+        mu: float = 0.0,
+        corrected: bool = False,
     ):
         self.layers = layers
         self.sgd = sgd
         self.train_keys = set(train_keys)
         self.mu = mu
+        self.corrected = corrected
         # without momentum or weight decay a bias update is one rank-B product in place
         self.plain = not sgd.momentum and not sgd.weight_decay
 
@@ -142,7 +168,11 @@ class FusedMLPStep:
     def applies(
         loss_fn: Callable, model: nn.Module, buffers: Tree, noise: dict | None
     ) -> list[Layer] | None:
-        fusable = declares_plain_cross_entropy(loss_fn) or proximal_weight(loss_fn) is not None
+        fusable = (
+            declares_plain_cross_entropy(loss_fn)
+            or proximal_weight(loss_fn) is not None
+            or declares_corrected_cross_entropy(loss_fn)
+        )
         if not fusable or buffers or noise:
             return None
         return mlp_layers(model)
@@ -233,19 +263,23 @@ class FusedMLPStep:
         mom = {n: t[:k] for n, t in momentum.items()}
         still = torch.zeros(k, dtype=acc.dtype, device=acc.device)
         for name, (t, per_client) in self.anchor.items():
-            if name in params and name not in self.train_keys:
+            if name in params and name not in self.train_keys and not self.corrected:
                 gap = (params[name][:k] - (t[:k] if per_client else t)).reshape(k, -1)
                 still += (0.5 * self.mu) * torch.linalg.vecdot(gap, gap)
         return per_layer, mom, acc[:k], ones[:k], prox[:k], still
 
-    def _pull(self, p: Tensor, a: Tensor | None, prox: Tensor) -> Tensor | None:
-        """θ − a of one parameter (before the step), its (μ/2)‖θ − a‖² added to ``prox``."""
+    def _pull(self, p: Tensor, a: Tensor | None, prox: Tensor) -> tuple[Tensor | None, float]:
+        """The term the extras add to one parameter's gradient, as (tensor, factor): c with
+        a linear term; θ − a (before the step) and μ with a proximal pull, whose (μ/2)‖θ − a‖²
+        is added to ``prox``."""
         if a is None:
-            return None
+            return None, 0.0
+        if self.corrected:
+            return a, 1.0
         gap = p - a
         flat = gap.reshape(p.shape[0], -1)
         prox.add_(torch.linalg.vecdot(flat, flat), alpha=0.5 * self.mu)
-        return gap
+        return gap, self.mu
 
     def _step(self, views: tuple, a: Tensor, scale: Tensor, neg: Tensor) -> None:
         per_layer, mom, acc, ones, prox, still = views
@@ -261,33 +295,33 @@ class FusedMLPStep:
         acc.addcmul_(neg, logp)  # Σ −w_b/max(Σw,1)·log p(y_b): the loss, summed at the end
         # d loss / d logits = (softmax − onehot) · w_b / max(Σw, 1)
         delta = torch.addcmul(neg, logp.exp_(), scale)
-        lr, mu = self.sgd.lr, self.mu
+        lr = self.sgd.lr
         for i in range(len(per_layer) - 1, -1, -1):
             layer, w, _, bias, (w_anchor, b_anchor) = per_layer[i]
             a_in = acts[i]
             # δ of the layer below, with the weight before this step's update
             below = torch.bmm(delta, w) if i > 0 else None
             if layer.weight in self.train_keys:
-                gap = self._pull(w, w_anchor, prox)
+                term, factor = self._pull(w, w_anchor, prox)
                 if self.plain:
-                    if gap is not None:
-                        w.sub_(gap, alpha=lr * mu)
+                    if term is not None:
+                        w.sub_(term, alpha=lr * factor)
                     w.baddbmm_(delta.transpose(1, 2), a_in, alpha=-lr)
                 else:
                     g = torch.bmm(delta.transpose(1, 2), a_in)
-                    if gap is not None:
-                        g.add_(gap, alpha=mu)
+                    if term is not None:
+                        g.add_(term, alpha=factor)
                     sgd_update_({"p": w}, {"p": g}, {"p": mom.get(layer.weight)}, self.sgd)
             if bias is not None and layer.bias in self.train_keys:
-                gap = self._pull(bias, b_anchor, prox)
+                term, factor = self._pull(bias, b_anchor, prox)
                 if self.plain:
-                    if gap is not None:
-                        bias.sub_(gap, alpha=lr * mu)
+                    if term is not None:
+                        bias.sub_(term, alpha=lr * factor)
                     bias.baddbmm_(ones, delta, alpha=-lr)
                 else:
                     p, g = bias.squeeze(1), delta.sum(1)
-                    if gap is not None:
-                        g.add_(gap.squeeze(1), alpha=mu)
+                    if term is not None:
+                        g.add_(term.squeeze(1), alpha=factor)
                     sgd_update_({"p": p}, {"p": g}, {"p": mom.get(layer.bias)}, self.sgd)
             if below is not None:
                 delta = below

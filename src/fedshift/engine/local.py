@@ -48,7 +48,7 @@ from .execution import (
     time_pair,
     worker_thread,
 )
-from .fused import FusedMLPStep, proximal_weight
+from .fused import FusedMLPStep, declares_corrected_cross_entropy, proximal_weight
 from .risk import written_gradient
 from .rule import is_batched_rule, is_update_rule, update_rule
 from .schedule import Schedule
@@ -513,15 +513,16 @@ class LocalTrainer:
         layers = FusedMLPStep.applies(loss_fn, self.model, buffers, noise) if fusable else None
         if layers is not None:
             mu = proximal_weight(loss_fn)
-            fused = FusedMLPStep(layers, sgd, train_keys, mu or 0.0)
+            corrected = declares_corrected_cross_entropy(loss_fn)
+            fused = FusedMLPStep(layers, sgd, train_keys, mu or 0.0, corrected)
             x_flat = split.x.reshape(split.x.shape[0], -1)
             every = {**trained, **frozen}
-            # a proximal pull's anchor: the extras under the parameters' own names
+            # a proximal anchor or a linear term: the extras under the parameters' own names
             anchor = {k: (shared[k], False) for k in every if shared and k in shared}
             anchor.update({k: (pc[k], True) for k in every if k in pc})
             loss_sum += fused.train(
                 every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps,
-                anchor=anchor if mu is not None else None,
+                anchor=anchor if mu is not None or corrected else None,
             )  # fmt: skip
             active = []
         call = _Call(
