@@ -203,7 +203,8 @@ class FusedMLPStep:
         clients still training at step ``s`` are a prefix. Returns the [C] sums of each
         client's step losses (each taken before its step). ``between_steps`` is called
         before each step. ``anchor`` (parameter name → (tensor, per client)): the proximal
-        pull's anchor, one tensor for the cohort or a [C, …] stack in cohort order."""
+        pull's anchor a or the linear term's c, one tensor for the cohort or a [C, …] stack
+        in cohort order."""
         self.anchor = anchor or {}
         c, s_max, b = idx.shape
         classes = params[self.layers[-1].weight].shape[1]
@@ -252,8 +253,8 @@ class FusedMLPStep:
         self, params: Tree, momentum: Tree, k: int, acc: Tensor, ones: Tensor, prox: Tensor
     ) -> tuple:
         """The ``k``-client prefixes of everything a step touches, built once per ``k``;
-        with a proximal pull, also the anchors and the pull's value on the parameters that
-        are not trained (a constant)."""
+        with a proximal pull or a linear term, also the anchors (or corrections), and the
+        pull's value on the parameters that are not trained (a constant)."""
         per_layer = []
         for layer in self.layers:
             w = params[layer.weight][:k]
