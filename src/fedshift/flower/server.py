@@ -93,7 +93,12 @@ def discover(grid: Grid, num_clients: int, timeout: float) -> Nodes:
         nodes.of_client[cid] = node
     missing = sorted(set(range(num_clients)) - set(nodes.of_client))
     if missing:
-        raise NodeFailure(f"no SuperNode answered for clients {missing}")
+        raise NodeFailure(
+            f"no SuperNode answered for clients {missing} within {timeout:.0f} s; each loads"
+            " torch and its data on its first message, which takes longer on a busy machine:"
+            " raise the connect timeout (the run config's fedshift-connect-timeout,"
+            " connect_timeout= of fedshift.flower.run.deploy)"
+        )
     return nodes
 
 
