@@ -189,3 +189,19 @@ def test_resume_keeps_late_uploads_in_flight(tmp_path, monkeypatch):
 def test_bad_fault_options_are_one_sentence(faults, named):
     with pytest.raises(FedshiftError, match=named.replace(".", r"\.")):
         run(faults)
+
+
+def test_finite_rows_is_exact_where_a_row_sum_overflows():
+    """The one-pass check (a row's sum carries NaN and ±inf) answers as isfinite().all()
+    does, also for a finite row whose float32 sum overflows, and on the whole-tree check."""
+    from fedshift.engine.faults import finite, finite_rows
+
+    v = torch.randn(5, 7)
+    v[1, 3] = float("nan")
+    v[2, 0] = float("-inf")
+    v[3] = 3e38  # finite entries, an infinite sum
+    v[4, 1], v[4, 2] = float("inf"), float("-inf")  # their sum is NaN
+    assert finite_rows(v).tolist() == torch.isfinite(v).all(1).tolist()
+    assert finite_rows(v).tolist() == [True, False, False, True, False]
+    assert finite({"a": v[[0, 3]], "n": torch.arange(3)})
+    assert not finite({"a": v[[0, 3]], "b": v[1]})

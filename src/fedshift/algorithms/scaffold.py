@@ -93,7 +93,8 @@ class Scaffold(GlobalModelAlgorithm):
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         n = self.ctx.data.num_clients
         weights = info.num_examples if self.hp.weighted else torch.ones_like(info.num_examples)
-        mean = weighted_mean(uploads, weights)
+        # Δc is averaged on its own below (over S, scaled by |S|/N): not in this mean
+        mean = weighted_mean({k: v for k, v in uploads.items() if k != "dc"}, weights)
         params, _ = split_state(server)
         c, s = server["c"], len(info.ids)
         new_x = {k: v + self.hp.server_lr * mean["dy"][k] for k, v in params.items()}

@@ -29,7 +29,7 @@ from ..eval.metrics import (
 from .checkpoint import save_checkpoint
 from .context import Context
 from .contract import Algorithm, RoundInfo
-from .faults import FaultOptions, corrupt, finite, injected_fault, screen
+from .faults import FaultOptions, corrupt, finite, finite_rows, injected_fault, screen
 from .local import TrainingAbandoned
 from .sampling import clients_per_round as count_per_round
 from .sampling import sample_clients
@@ -515,7 +515,7 @@ def check_client_state(state: Tree, ids: Tensor, r: int) -> None:
     for v in leaves(state):
         if not v.is_floating_point():
             continue
-        bad = ~torch.isfinite(v.reshape(v.shape[0], -1)).all(1)
+        bad = ~finite_rows(v)
         if bad.any():
             client = int(ids[bad.nonzero()[0, 0].to(ids.device)])
             raise Diverged(
