@@ -76,7 +76,7 @@ class FedRoD(FedAvg):
         bsm, d_generic, _ = cross_entropy_gradient(generic + shift[:, None], y, w)
         personal = linear(z, own["head.weight"], own["head.bias"])
         ce, d_personal, _ = cross_entropy_gradient(generic + personal, y, w)
-        grads = self.head_risk_backward(params, cache, z, d_generic, 0.0)
+        grads = self.head_risk_backward(params, cache, z, d_generic, None)
         personal_w, personal_b = linear_grads(d_personal, z)
         grads[PERSONAL] = {"head.weight": personal_w, "head.bias": personal_b}
         return grads, bsm + ce

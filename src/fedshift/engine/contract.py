@@ -230,8 +230,9 @@ class Algorithm(ABC):
 
     def head_risk_backward(self, params: Tree, cache, z, d_logits, d_z):
         """Every gradient of the extractor and the linear head from ∂/∂logits plus the
-        objective's own ∂/∂Φ(x) ``d_z`` (0 when it has none)."""
-        d_z = d_logits @ params["head.weight"] + d_z
+        objective's own ∂/∂Φ(x) ``d_z`` (``None`` when it has none)."""
+        through_head = d_logits @ params["head.weight"]
+        d_z = through_head if d_z is None else through_head + d_z
         grads = self.extractor().backward(params, cache, d_z)
         grads["head.weight"], grads["head.bias"] = linear_grads(d_logits, z)
         return grads

@@ -145,8 +145,9 @@ class FusedMLPStep:
     a proximal pull (μ/2)‖θ − anchor‖² (``proximal_cross_entropy``): its gradient μ(θ − a)
     joins the update in place, θ ← θ − lr·μ(θ − a) − lr·δᵀx, and its value the logged loss;
     or with a linear term ⟨θ, c⟩ (``corrected_cross_entropy``, ``corrected=True``): θ ←
-    θ − lr·c − lr·δᵀx, the risk logged. The extras under the parameters' names (``anchor``
-    of ``train``) are a or c."""
+    θ − lr·c − lr·δᵀx, the risk logged. ``anchor`` (parameter name → (tensor, per client))
+    holds a or c: the extras under the parameters' names, one tensor for the cohort or a
+    [C, …] stack in cohort order."""
 
     def __init__(
         self,
@@ -155,12 +156,14 @@ class FusedMLPStep:
         train_keys: tuple[str, ...],
         mu: float = 0.0,
         corrected: bool = False,
+        anchor: dict[str, tuple[Tensor, bool]] | None = None,
     ):
         self.layers = layers
         self.sgd = sgd
         self.train_keys = set(train_keys)
         self.mu = mu
         self.corrected = corrected
+        self.anchor = anchor or {}
         # without momentum or weight decay a bias update is one rank-B product in place
         self.plain = not sgd.momentum and not sgd.weight_decay
 
@@ -196,16 +199,12 @@ class FusedMLPStep:
         wgt: Tensor,
         active: list[int],
         between_steps: Callable[[], None] = lambda: None,
-        anchor: dict[str, tuple[Tensor, bool]] | None = None,
     ) -> Tensor:
         """Every step of a schedule: ``idx``/``wgt`` [C, S, B] rows of ``x_flat`` [N, D]
         (labels ``y`` [N]) and their weights, clients sorted so that the ``active[s]``
         clients still training at step ``s`` are a prefix. Returns the [C] sums of each
         client's step losses (each taken before its step). ``between_steps`` is called
-        before each step. ``anchor`` (parameter name → (tensor, per client)): the proximal
-        pull's anchor a or the linear term's c, one tensor for the cohort or a [C, …] stack
-        in cohort order."""
-        self.anchor = anchor or {}
+        before each step."""
         c, s_max, b = idx.shape
         classes = params[self.layers[-1].weight].shape[1]
         # per-step tensors in step-major order, so that a prefix of clients is contiguous;

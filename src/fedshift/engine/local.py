@@ -514,16 +514,16 @@ class LocalTrainer:
         if layers is not None:
             mu = proximal_weight(loss_fn)
             corrected = declares_corrected_cross_entropy(loss_fn)
-            fused = FusedMLPStep(layers, sgd, train_keys, mu or 0.0, corrected)
-            x_flat = split.x.reshape(split.x.shape[0], -1)
             every = {**trained, **frozen}
-            # a proximal anchor or a linear term: the extras under the parameters' own names
-            anchor = {k: (shared[k], False) for k in every if shared and k in shared}
-            anchor.update({k: (pc[k], True) for k in every if k in pc})
+            anchor = {}  # a proximal anchor or a linear term: extras under the params' names
+            if mu is not None or corrected:
+                anchor = {k: (shared[k], False) for k in every if shared and k in shared}
+                anchor.update({k: (pc[k], True) for k in every if k in pc})
+            fused = FusedMLPStep(layers, sgd, train_keys, mu or 0.0, corrected, anchor)
+            x_flat = split.x.reshape(split.x.shape[0], -1)
             loss_sum += fused.train(
-                every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps,
-                anchor=anchor if mu is not None or corrected else None,
-            )  # fmt: skip
+                every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps
+            )
             active = []
         call = _Call(
             split, idx, wgt, pc, shared or {}, trained, frozen, bufs, noise, row_extras or {}
