@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from fedshift.data.federated import FederatedData, Split
 from fedshift.engine.local import LocalTrainer, TrainResult
 from fedshift.engine.rng import torch_seed
-from fedshift.engine.rule import is_update_rule
+from fedshift.engine.rule import is_batched_rule, is_update_rule, update_rule
 
 
 def classic_fedavg_round(
@@ -127,6 +127,8 @@ class SequentialTrainer(LocalTrainer):
     ) -> TrainResult:
         n = int(schedule.steps.numel())
         rule = is_update_rule(loss_fn)
+        if is_batched_rule(loss_fn):  # written for a cohort: this client as a cohort of one
+            loss_fn = _one_client(loss_fn)
         dataset = _Rows(split, row_extras)
         row_names = list(row_extras or {})
         out_p = {k: v.detach().clone() for k, v in params.items()}
@@ -184,3 +186,49 @@ class SequentialTrainer(LocalTrainer):
                 out_b[k][i] = b
             losses[i] = total / max(steps, 1)
         return TrainResult(out_p, out_b, losses, schedule.steps.clone())
+
+
+def _one_client(rule):
+    """A batched update rule (``batched_update_rule``) called for one client: every tensor
+    given a client axis of one, the results taken back off it (as the engine's client-after-
+    client execution does). The reference thus runs the method's own rule, written inner
+    gradients included (pFedMe): faster than the autograd of PFLlib's optimiser, so the
+    ratios it gives are conservative."""
+
+    def one(params, buffers, extras, x, y, w):
+        def add(tree):
+            return {k: v.unsqueeze(0) for k, v in tree.items()}
+
+        new, loss = rule(add(params), add(buffers), add(extras), x[None], y[None], w[None])
+        return {k: v[0] for k, v in new.items()}, loss[0]
+
+    return one
+
+
+def pfllib_pfedme_step(algorithm, model: nn.Module):
+    """pFedMe's step on one minibatch as PFLlib's ``clientpFedMe.train`` takes it, for the
+    reference's pFedMe: K times a forward of the module, ``loss.backward()`` and the
+    ``pFedMeOptimizer`` step θ ← θ − lr·(∇f(θ) + λ(θ − w_i)), then w_i ← w_i − ηλ(w_i − θ̃).
+    An update rule for one client (``update_rule``), logging f(θ̃) as fedshift's does. Set
+    as the reference algorithm's ``cohort_step``, it replaces the cohort rule whose written
+    gradient no per-client library has."""
+    hp, lam, eta = algorithm.hp, algorithm.prox_weight(), algorithm.ctx.sgd.lr
+    named = dict(model.named_parameters())
+
+    def step(params, buffers, extras, x, y, w):
+        local = {k: params[k].detach() for k in named}
+        with torch.no_grad():
+            for k, p in named.items():
+                p.copy_(params["pm"][k])
+        for _ in range(hp.inner_steps):
+            model.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            with torch.no_grad():
+                for k, p in named.items():
+                    p.sub_(hp.personal_lr * (p.grad + lam * (p - local[k])))
+        with torch.no_grad():
+            solved = {k: p.detach().clone() for k, p in named.items()}
+            moved = {k: v - eta * lam * (v - solved[k]) for k, v in local.items()}
+            return {**moved, "pm": solved}, F.cross_entropy(model(x), y)
+
+    return update_rule(step)

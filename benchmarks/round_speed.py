@@ -12,9 +12,11 @@ W2-cli  W2 as ``fedshift run`` goes: a round plus its evaluation of every client
     store, checkpoint and progress bar are measured by ``cli_overhead.py``); reference: the
     same round plus PFLlib's per-round evaluation (``pfllib_evaluate``: test accuracy and
     training loss of every client).
-W3  FedPIN and Ditto on ``cmnist``: 80 clients at rate 0.1, and 8 clients at full
-    participation; reference: the same algorithm with ``SequentialTrainer`` (each client's
-    own loss, one module per client, autograd, torch.optim.SGD, DataLoader batches).
+W3  general algorithms (``--w3-algorithms``: FedPIN, Ditto, FedSDR, pFedMe, SCAFFOLD) on
+    ``cmnist``: 80 clients at rate 0.1, and 8 clients at full participation; reference: the
+    same algorithm with ``SequentialTrainer`` (each client's own loss, one module per
+    client, autograd, torch.optim.SGD, DataLoader batches); pFedMe's minibatch step as
+    PFLlib's client takes it (``pfllib_pfedme_step``: K module forwards and backwards).
 
 Rounds alternate (fedshift round r, then reference round r) after one warm-up round of each,
 so both see the same machine load; figures are medians over the timed rounds, and the
@@ -28,6 +30,7 @@ reports their peak resident memory (``--side`` is one such process).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -51,7 +54,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reference import SequentialTrainer, classic_fedavg_round, pfllib_evaluate  # noqa: E402
+from reference import (  # noqa: E402
+    SequentialTrainer,
+    classic_fedavg_round,
+    pfllib_evaluate,
+    pfllib_pfedme_step,
+)
 
 import fedshift as fs  # noqa: E402
 from fedshift.algorithms import ALGORITHMS  # noqa: E402
@@ -297,6 +305,17 @@ def fedavg_workload(
     return out
 
 
+def reference_runner(cfg, data):
+    """The run of ``cfg`` as a per-client library takes it: ``SequentialTrainer`` in place
+    of fedshift's trainer, and pFedMe's minibatch step as PFLlib's client takes it."""
+    ref = build_experiment(cfg, data=data)
+    # the context is frozen for methods; the benchmark swaps the reference's trainer in
+    object.__setattr__(ref.ctx, "trainer", SequentialTrainer(ref.ctx.model))
+    if cfg.algorithm == "pfedme":  # PFLlib's per-client step, not fedshift's cohort rule
+        ref.algorithm.cohort_step = pfllib_pfedme_step(ref.algorithm, copy.deepcopy(ref.ctx.model))
+    return ref.runner
+
+
 def w3_case(
     algorithm: str,
     clients: int,
@@ -320,10 +339,8 @@ def w3_case(
         device=str(DEVICE),
     )
     runner = build_experiment(cfg, data=data).runner
-    ref = build_experiment(cfg, data=data)
-    # the context is frozen for methods; the benchmark swaps the reference's trainer in
-    object.__setattr__(ref.ctx, "trainer", SequentialTrainer(ref.ctx.model))
-    out = pairs(runner.train_round, ref.runner.train_round, rounds)
+    ref = reference_runner(cfg, data)
+    out = pairs(runner.train_round, ref.train_round, rounds)
     out["clients"], out["per_round"], out["model"] = clients, runner.k, type(ref.ctx.model).__name__
     out["execution"] = chosen(runner)
     return out

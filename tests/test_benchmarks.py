@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -29,6 +30,29 @@ def round_speed(shared_datasets):
 def test_w3_pair_runs(round_speed, algorithm):
     out = round_speed.w3_case(algorithm, clients=8, rate=1.0, samples=800, rounds=1)
     assert out["fedshift_s"] > 0 and out["reference_s"] > 0 and out["ratio"] > 0
+
+
+def test_reference_pfedme_is_the_same_algorithm(round_speed):
+    """The reference's pFedMe (PFLlib's step: K module forwards and backwards per minibatch,
+    client after client) trains what fedshift's cohort rule trains: after a round, the same
+    server model and personal models, to float rounding."""
+    import fedshift as fs
+    from fedshift.experiment import build_experiment
+
+    data = fs.scenario("cmnist", clients=8, samples=800, seed=0)
+    cfg = fs.make_config(
+        algorithm="pfedme", lr=0.05, batch_size=10, local_epochs=1, rounds=1, seed=0
+    )
+    ours, ref = build_experiment(cfg, data=data).runner, round_speed.reference_runner(cfg, data)
+    ours.train_round(0)
+    ref.train_round(0)
+    moved = False
+    for k, v in ours.server["p"].items():
+        torch.testing.assert_close(ref.server["p"][k], v, rtol=1e-4, atol=1e-5, msg=k)
+        moved |= not torch.equal(v, build_experiment(cfg, data=data).runner.server["p"][k])
+    assert moved
+    for k, v in ours.store.state["p"].items():
+        torch.testing.assert_close(ref.store.state["p"][k], v, rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_one_side_reports_its_own_peak_memory(round_speed, monkeypatch):

@@ -79,14 +79,15 @@ def test_pfedme_trains_every_client_but_only_sampled_ones_upload():
         assert any(not torch.equal(state["p"][k][i].cpu(), v.cpu()) for k, v in init.items())
 
 
-def test_pfedme_cohort_step_is_the_per_client_step():
+@pytest.mark.parametrize("hidden", [[8], [16, 8]])
+def test_pfedme_cohort_step_is_the_per_client_step(hidden):
     """For an MLP the engine runs pFedMe's update rule for the whole cohort at once
-    (``cohort_step``, a batched update rule: no vmap): each client's new values and loss
-    equal ``local_step`` on that client alone."""
-    exp = build_experiment(
-        make_config(algorithm="pfedme", **{**SETTINGS, "lr": 0.05}),
-        data=toy_data(sizes=SIZES),
-    )
+    (``cohort_step``, a batched update rule: no vmap; its K inner steps fuse each weight's
+    gradient into the update, ``MLPChain.prox_descent``): each client's new values and loss
+    equal ``local_step`` (``prox_solve`` with the written gradient) on that client alone,
+    at one and two hidden layers."""
+    settings = {**SETTINGS, "lr": 0.05, "model_options": {"hidden": hidden}}
+    exp = build_experiment(make_config(algorithm="pfedme", **settings), data=toy_data(sizes=SIZES))
     ctx = exp.ctx
     alg = PFedMe(PFedMeHyper(lambda_=4.0, inner_steps=3, personal_lr=0.2), ctx)
     g = torch.Generator().manual_seed(2)

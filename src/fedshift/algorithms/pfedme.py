@@ -14,7 +14,8 @@ minibatch): the inner problem is solved (``common.proximal.prox_solve``), then �
 and w_i ← w_i − ηλ(w_i − θ̃_i); the run's momentum and weight decay are not used (the
 box has none). Server state: w as
 ``{"p": params, "b": buffers}``; client state: θ_i in the same form.
-For an MLP the K inner gradients are written out (``Algorithm.risk_gradient``), not autograd's.
+For an MLP the whole cohort's K inner steps run at once with the risk's gradient written
+out and folded into each weight's update (``MLPChain.prox_descent``), not autograd's.
 θ_i restarts from w at each round (the authors' code). Every client trains every round
 (the authors' server, ``serverpFedMe.train``: "do update for all users not only selected
 users"); only the sampled clients upload w_i. Under partial participation the others
@@ -27,6 +28,8 @@ w, so w stays at the broadcast model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from ..engine.contract import (
     Tree,
@@ -104,10 +107,12 @@ class PFedMe(Algorithm):
     def cohort_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """``local_step`` for the whole cohort at once (tensors [C, …], no ``vmap``), where
         the inner gradient is written out (an MLP): the same arithmetic, batched."""
-        written = self.inner_gradient()
-        return self.box_step(
-            params, lambda t: written.risk(t, x, y, w), lambda t: written(t, x, y, w)[0]
+        local = {k: v for k, v in params.items() if k != "pm"}
+        lam = self.prox_weight()
+        solved, risk = self.inner_gradient().net.prox_descent(
+            params["pm"], local, x, y, w, lam, self.hp.personal_lr, self.hp.inner_steps
         )
+        return {**self.move_towards(local, solved), "pm": solved}, risk
 
     def box_step(self, params: Tree, risk, gradient):
         """Alg. 1's two lines given the minibatch's risk (and its written gradient, or
@@ -117,9 +122,12 @@ class PFedMe(Algorithm):
         solved = prox_solve(
             risk, params["pm"], local, lam, self.hp.personal_lr, self.hp.inner_steps, gradient
         )
-        eta = self.ctx.sgd.lr
-        moved = {k: v - eta * lam * (v - solved[k]) for k, v in local.items()}
-        return {**moved, "pm": solved}, risk(solved)
+        return {**self.move_towards(local, solved), "pm": solved}, risk(solved)
+
+    def move_towards(self, local: Tree, solved: Tree) -> Tree:
+        """Alg. 1's second line, w_i ← w_i − ηλ(w_i − θ̃), as one ``lerp`` per entry."""
+        weight = self.ctx.sgd.lr * self.prox_weight()
+        return {k: torch.lerp(v, solved[k], weight) for k, v in local.items()}
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)

@@ -350,6 +350,7 @@ def mlp_risk_gradient(model: nn.Module) -> Callable | None:
         return cross_entropy_gradient(net.forward(params, x)[0], y, w)[0]
 
     gradient.risk = risk  # the risk alone, by the same forward pass
+    gradient.net = net  # its layers, for solvers that fuse the gradient into their update
     return gradient
 
 
@@ -402,6 +403,67 @@ class MLPChain:
             if i > 0:
                 delta = delta @ params[layer.weight]
         return grads
+
+    def prox_descent(
+        self,
+        theta: Tree,
+        anchor: Tree,
+        x: Tensor,
+        y: Tensor,
+        w: Tensor,
+        lam: float,
+        lr: float,
+        k: int,
+    ) -> tuple[Tree, Tensor]:
+        """``k`` gradient steps (lr ``lr``) on each client's risk R(θ) + (λ/2)‖θ − anchor‖²
+        from ``theta``, for a cohort (a leading client axis on every tensor; the MLP is the
+        whole model, its output the logits), and every client's risk at the result:
+        pFedMe's inner problem. The same arithmetic as ``prox_solve`` with this chain's
+        gradient, done as the fused step does it: each weight's gradient goes straight into
+        its update, θ ← (1 − lr·λ)·θ − lr·∇R(θ) + lr·λ·anchor by one ``baddbmm_`` and one
+        ``add_`` (no gradient tensor), and the labels' part of ∂R/∂logits is built once for
+        the K steps. Returns fresh tensors; ``theta`` and ``anchor`` are not changed."""
+        c, b = y.shape
+        theta = {k: v.detach().clone() for k, v in theta.items()}
+        pull = {k: anchor[k].detach() * (lr * lam) for k in theta}
+        keep = 1.0 - lr * lam
+        scale = loss_scale(w).unsqueeze(-1)  # [C, B, 1]
+        classes = theta[self.layers[-1].weight].shape[1]
+        neg = torch.zeros(c, b, classes, dtype=scale.dtype, device=scale.device)
+        neg.scatter_(-1, y.unsqueeze(-1), scale.neg())  # −onehot(y)·w_b / max(Σw, 1)
+        ones = torch.ones(c, 1, b, dtype=scale.dtype, device=scale.device)
+        x = x.reshape(c, b, -1)
+        for _ in range(k):
+            outputs = self._cohort_forward(theta, x)
+            delta = torch.addcmul(neg, torch.softmax(outputs[-1], -1), scale)  # ∂R/∂logits
+            for i in range(len(self.layers) - 1, -1, -1):
+                layer = self.layers[i]
+                if layer.relu:  # ReLU's backward, as autograd computes it (output > 0)
+                    delta = torch.ops.aten.threshold_backward(delta, outputs[i + 1], 0)
+                weight = theta[layer.weight]
+                below = torch.bmm(delta, weight) if i > 0 else None  # before the update
+                weight.baddbmm_(delta.transpose(1, 2), outputs[i], beta=keep, alpha=-lr)
+                weight.add_(pull[layer.weight])
+                if layer.bias is not None:
+                    bias = theta[layer.bias].unsqueeze(1)
+                    bias.baddbmm_(ones, delta, beta=keep, alpha=-lr)
+                    bias.add_(pull[layer.bias].unsqueeze(1))
+                delta = below
+        logp = torch.log_softmax(self._cohort_forward(theta, x)[-1], -1)
+        return theta, (neg * logp).sum((1, 2))
+
+    def _cohort_forward(self, params: Tree, x: Tensor) -> list[Tensor]:
+        """Each layer's input, then the output, for a cohort (``x`` [C, B, in]): one
+        ``baddbmm`` per layer."""
+        outputs = [x]
+        for layer in self.layers:
+            wt = params[layer.weight].transpose(1, 2)
+            if layer.bias is not None:
+                a = torch.baddbmm(params[layer.bias].unsqueeze(1), outputs[-1], wt)
+            else:
+                a = torch.bmm(outputs[-1], wt)
+            outputs.append(a.clamp_min_(0) if layer.relu else a)
+        return outputs
 
 
 def mlp_extractor(model: nn.Module) -> MLPChain | None:
