@@ -21,7 +21,9 @@ Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis
 Not given by the thesis, ours: α_th = 1.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
 For an MLP, ℓ_SD's and ℓ_SR's (moment estimator) gradients are written out, as the
-environment classifiers' are (tested against autograd; the same numbers to float rounding).
+environment classifiers' are (tested against autograd; the same numbers to float rounding);
+the environment classifiers' K epochs run on the engine's fused step for grouped linear
+heads (``grouped_linear_cross_entropy``).
 Ours, off by default: other shortcut views and estimators of Î (``shortcut_view``,
 ``mi_estimator``), in fedsdr_views.py.
 """
@@ -36,6 +38,7 @@ import torch.nn.functional as F
 from ..engine.contract import (
     Tree,
     gradient_by,
+    grouped_linear_cross_entropy,
     linear,
     loss_scale,
     stack,
@@ -197,6 +200,7 @@ class ShortcutDiscovery(SignatureView):
         grad_w = torch.bmm(delta.view(c, e * k, -1), z).view(c, e, k, d)
         return {"env.weight": grad_w, "env.bias": delta.sum(3)}, loss
 
+    @grouped_linear_cross_entropy("env.weight", "env.bias")
     @gradient_by(env_risk_gradient, batched=True)
     def env_risk(self, params: Tree, buffers: Tree, extras: Tree, z, y, w):
         """Eq. 4.6 on the features z = Ψ(x) (computed once per iteration: Ψ is fixed)."""

@@ -63,6 +63,7 @@ from .fused import (
     plain_cross_entropy,
     proximal_cross_entropy,
 )
+from .fused_heads import grouped_linear_cross_entropy
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
 from .rng import generator, torch_seed
@@ -106,6 +107,7 @@ __all__ = [
     "leaves",
     "loss_scale",
     "gradient_by",
+    "grouped_linear_cross_entropy",
     "batched_update_rule",
     "mlp_extractor",
     "mlp_risk_gradient",

@@ -49,6 +49,7 @@ from .execution import (
     worker_thread,
 )
 from .fused import FusedMLPStep, declares_corrected_cross_entropy, proximal_weight
+from .fused_heads import FusedGroupedHeads
 from .risk import written_gradient
 from .rule import is_batched_rule, is_update_rule, update_rule
 from .schedule import Schedule
@@ -523,6 +524,18 @@ class LocalTrainer:
             x_flat = split.x.reshape(split.x.shape[0], -1)
             loss_sum += fused.train(
                 every, momentum, x_flat, split.y, idx, wgt, active, self.between_steps
+            )
+            active = []
+        extras = bool(shared or pc or row_extras)
+        heads = (
+            FusedGroupedHeads.applies(loss_fn, params, train_keys, split.env, noise, extras)
+            if fusable and active
+            else None
+        )
+        if heads is not None:  # FedSDR's environment classifiers (fused_heads.py)
+            z = split.x.reshape(split.x.shape[0], -1)
+            loss_sum += FusedGroupedHeads(heads, sgd).train(
+                trained, momentum, z, split.y, split.env, idx, wgt, active, self.between_steps
             )
             active = []
         call = _Call(

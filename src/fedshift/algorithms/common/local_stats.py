@@ -96,8 +96,11 @@ def client_rows(
         lo, hi = int(split.offsets[cid]), int(split.offsets[cid + 1])
         mine = take(per_client, j)
         for start in range(lo, hi, ROWS):
-            rows = torch.arange(start, start + ROWS).clamp(max=last).to(ctx.device)
-            value = fn(mine, shared or {}, split.x[rows])  # [ROWS, …]
+            if start + ROWS <= split.x.shape[0]:  # a view: no copy of the chunk's inputs
+                chunk = split.x[start : start + ROWS]
+            else:  # the split's last rows, padded by repeating the last one
+                chunk = split.x[torch.arange(start, start + ROWS).clamp(max=last).to(ctx.device)]
+            value = fn(mine, shared or {}, chunk)  # [ROWS, …]
             if out is None:
                 out = value.new_zeros((split.y.shape[0], *value.shape[1:]))
             n = min(ROWS, hi - start)
