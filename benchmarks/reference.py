@@ -191,9 +191,9 @@ class SequentialTrainer(LocalTrainer):
 def _one_client(rule):
     """A batched update rule (``batched_update_rule``) called for one client: every tensor
     given a client axis of one, the results taken back off it (as the engine's client-after-
-    client execution does). The reference thus runs the method's own rule, written inner
-    gradients included (pFedMe): faster than the autograd of PFLlib's optimiser, so the
-    ratios it gives are conservative."""
+    client execution does). The fallback for a batched rule the benchmark did not replace by
+    a per-client library's step (``round_speed.reference_runner`` replaces pFedMe's, the
+    only one today)."""
 
     def one(params, buffers, extras, x, y, w):
         def add(tree):
@@ -209,8 +209,12 @@ def pfllib_pfedme_step(algorithm, model: nn.Module):
     """pFedMe's step on one minibatch as PFLlib's ``clientpFedMe.train`` takes it, for the
     reference's pFedMe: K times a forward of the module, ``loss.backward()`` and the
     ``pFedMeOptimizer`` step θ ← θ − lr·(∇f(θ) + λ(θ − w_i)), then w_i ← w_i − ηλ(w_i − θ̃).
-    An update rule for one client (``update_rule``), logging f(θ̃) as fedshift's does. Set
-    as the reference algorithm's ``cohort_step``, it replaces the cohort rule whose written
+    Two departures, both to fedshift's rule and both making the reference no slower than
+    PFLlib: PFLlib's optimiser also adds μ·θ (μ = 0.001 by default), which pFedMe's box
+    has not, and steps out of place (``p.data = p.data − …``), where this one updates in
+    place. It logs the last inner step's risk (fedshift's rule logs f(θ̃), one more
+    forward: PFLlib takes none). An update rule for one client (``update_rule``); set as
+    the reference algorithm's ``cohort_step``, it replaces the cohort rule whose written
     gradient no per-client library has."""
     hp, lam, eta = algorithm.hp, algorithm.prox_weight(), algorithm.ctx.sgd.lr
     named = dict(model.named_parameters())
@@ -220,15 +224,17 @@ def pfllib_pfedme_step(algorithm, model: nn.Module):
         with torch.no_grad():
             for k, p in named.items():
                 p.copy_(params["pm"][k])
+        risk = torch.zeros(())
         for _ in range(hp.inner_steps):
             model.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+            risk = F.cross_entropy(model(x), y)
+            risk.backward()
             with torch.no_grad():
                 for k, p in named.items():
                     p.sub_(hp.personal_lr * (p.grad + lam * (p - local[k])))
         with torch.no_grad():
             solved = {k: p.detach().clone() for k, p in named.items()}
             moved = {k: v - eta * lam * (v - solved[k]) for k, v in local.items()}
-            return {**moved, "pm": solved}, F.cross_entropy(model(x), y)
+        return {**moved, "pm": solved}, risk.detach()
 
     return update_rule(step)

@@ -32,25 +32,36 @@ def test_w3_pair_runs(round_speed, algorithm):
     assert out["fedshift_s"] > 0 and out["reference_s"] > 0 and out["ratio"] > 0
 
 
-def test_reference_pfedme_is_the_same_algorithm(round_speed):
+def test_reference_pfedme_is_the_same_algorithm(round_speed, monkeypatch):
     """The reference's pFedMe (PFLlib's step: K module forwards and backwards per minibatch,
     client after client) trains what fedshift's cohort rule trains: after a round, the same
-    server model and personal models, to float rounding."""
+    server model and personal models, to float rounding; and the reference does take that
+    step, not fedshift's rule client by client."""
     import fedshift as fs
+    from fedshift.engine.rule import update_rule
     from fedshift.experiment import build_experiment
+
+    calls = []
+    pfllib = round_speed.pfllib_pfedme_step
+
+    def counted(algorithm, model):
+        step = pfllib(algorithm, model)
+        return update_rule(lambda *a: calls.append(1) or step(*a))
+
+    monkeypatch.setattr(round_speed, "pfllib_pfedme_step", counted)
 
     data = fs.scenario("cmnist", clients=8, samples=800, seed=0)
     cfg = fs.make_config(
         algorithm="pfedme", lr=0.05, batch_size=10, local_epochs=1, rounds=1, seed=0
     )
     ours, ref = build_experiment(cfg, data=data).runner, round_speed.reference_runner(cfg, data)
+    start = build_experiment(cfg, data=data).runner.server["p"]
     ours.train_round(0)
     ref.train_round(0)
-    moved = False
+    assert len(calls) == sum(-(-int(n) // 10) for n in data.train.sizes())  # every minibatch
     for k, v in ours.server["p"].items():
         torch.testing.assert_close(ref.server["p"][k], v, rtol=1e-4, atol=1e-5, msg=k)
-        moved |= not torch.equal(v, build_experiment(cfg, data=data).runner.server["p"][k])
-    assert moved
+    assert any(not torch.equal(v, start[k]) for k, v in ours.server["p"].items())
     for k, v in ours.store.state["p"].items():
         torch.testing.assert_close(ref.store.state["p"][k], v, rtol=1e-4, atol=1e-5, msg=k)
 

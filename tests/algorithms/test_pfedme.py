@@ -98,8 +98,11 @@ def test_pfedme_cohort_step_is_the_per_client_step(hidden):
     y = ctx.data.train.y[: c * b].view(c, b)
     mask = torch.ones(c, b)
     mask[2, 4:] = 0  # a short batch
+    before = {k: v.clone() for k, v in flatten({**w, "pm": theta}).items()}
     new, loss = alg.cohort_step({**w, "pm": theta}, {}, {}, x, y, mask)
     assert loss.shape == (c,)
+    for k, v in flatten({**w, "pm": theta}).items():  # the inputs are left as they were
+        assert torch.equal(v, before[k]), k
     for i in range(c):
         one = {**{k: v[i] for k, v in w.items()}, "pm": {k: v[i] for k, v in theta.items()}}
         want, want_loss = alg.local_step(one, {}, {}, x[i], y[i], mask[i])

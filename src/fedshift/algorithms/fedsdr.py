@@ -22,8 +22,10 @@ Not given by the thesis, ours: α_th = 1.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
 For an MLP, ℓ_SD's and ℓ_SR's (moment estimator) gradients are written out, as the
 environment classifiers' are (tested against autograd; the same numbers to float rounding);
-the environment classifiers' K epochs run on the engine's fused step for grouped linear
-heads (``grouped_linear_cross_entropy``).
+for a per-sample Ψ (features computed once per iteration) the environment classifiers' K
+epochs run on the engine's fused step for grouped linear heads
+(``grouped_linear_cross_entropy``; a subclass that changes ``env_logits`` must override
+``env_risk``, which drops the mark).
 Ours, off by default: other shortcut views and estimators of Î (``shortcut_view``,
 ``mi_estimator``), in fedsdr_views.py.
 """

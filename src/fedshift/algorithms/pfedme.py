@@ -106,7 +106,8 @@ class PFedMe(Algorithm):
     @batched_update_rule
     def cohort_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """``local_step`` for the whole cohort at once (tensors [C, …], no ``vmap``), where
-        the inner gradient is written out (an MLP): the same arithmetic, batched."""
+        the inner gradient is written out (an MLP): the same update, batched and fused
+        (``MLPChain.prox_descent``), equal to ``local_step`` to float rounding."""
         local = {k: v for k, v in params.items() if k != "pm"}
         lam = self.prox_weight()
         solved, risk = self.inner_gradient().net.prox_descent(

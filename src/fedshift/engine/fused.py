@@ -413,27 +413,29 @@ class MLPChain:
         w: Tensor,
         lam: float,
         lr: float,
-        k: int,
+        steps: int,
     ) -> tuple[Tree, Tensor]:
-        """``k`` gradient steps (lr ``lr``) on each client's risk R(θ) + (λ/2)‖θ − anchor‖²
+        """``steps`` gradient steps (lr ``lr``) on each client's risk R(θ) + (λ/2)‖θ − anchor‖²
         from ``theta``, for a cohort (a leading client axis on every tensor; the MLP is the
         whole model, its output the logits), and every client's risk at the result:
         pFedMe's inner problem. The same arithmetic as ``prox_solve`` with this chain's
         gradient, done as the fused step does it: each weight's gradient goes straight into
         its update, θ ← (1 − lr·λ)·θ − lr·∇R(θ) + lr·λ·anchor by one ``baddbmm_`` and one
         ``add_`` (no gradient tensor), and the labels' part of ∂R/∂logits is built once for
-        the K steps. Returns fresh tensors; ``theta`` and ``anchor`` are not changed."""
+        the K steps. Equal to ``prox_solve`` to float rounding. Returns fresh tensors;
+        ``theta`` and ``anchor`` are not changed."""
         c, b = y.shape
         theta = {k: v.detach().clone() for k, v in theta.items()}
         pull = {k: anchor[k].detach() * (lr * lam) for k in theta}
         keep = 1.0 - lr * lam
-        scale = loss_scale(w).unsqueeze(-1)  # [C, B, 1]
+        dtype = theta[self.layers[0].weight].dtype  # the labels' tensors in the weights' type
+        scale = loss_scale(w).to(dtype).unsqueeze(-1)  # [C, B, 1]
         classes = theta[self.layers[-1].weight].shape[1]
         neg = torch.zeros(c, b, classes, dtype=scale.dtype, device=scale.device)
         neg.scatter_(-1, y.unsqueeze(-1), scale.neg())  # −onehot(y)·w_b / max(Σw, 1)
         ones = torch.ones(c, 1, b, dtype=scale.dtype, device=scale.device)
         x = x.reshape(c, b, -1)
-        for _ in range(k):
+        for _ in range(steps):
             outputs = self._cohort_forward(theta, x)
             delta = torch.addcmul(neg, torch.softmax(outputs[-1], -1), scale)  # ∂R/∂logits
             for i in range(len(self.layers) - 1, -1, -1):

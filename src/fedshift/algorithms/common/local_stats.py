@@ -81,7 +81,8 @@ def client_rows(
     outside the cohort are zeros): a per-sample map such as a fixed representation's
     features, computed once and handed to ``ctx.train`` as ``inputs`` or ``row_extras``
     instead of recomputing it at every step that sees the row. ``fn`` acts on ONE client's
-    chunk (x [m, …]) and must treat every sample on its own (no batch statistics).
+    chunk (x [m, …]: a view of the training split, which it must not change in place) and
+    must treat every sample on its own (no batch statistics).
 
     Client after client, in chunks of exactly ``ROWS`` rows (the last one padded): every
     call has the same shapes whatever the cohort's width or the client's size, so the
