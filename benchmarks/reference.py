@@ -127,8 +127,12 @@ class SequentialTrainer(LocalTrainer):
     ) -> TrainResult:
         n = int(schedule.steps.numel())
         rule = is_update_rule(loss_fn)
-        if is_batched_rule(loss_fn):  # written for a cohort: this client as a cohort of one
-            loss_fn = _one_client(loss_fn)
+        if is_batched_rule(loss_fn):
+            raise ValueError(
+                "the reference runs each client's own step: give it a per-client library's "
+                "step for a rule written for the whole cohort (as reference_runner does for "
+                "pFedMe's)"
+            )
         dataset = _Rows(split, row_extras)
         row_names = list(row_extras or {})
         out_p = {k: v.detach().clone() for k, v in params.items()}
@@ -186,23 +190,6 @@ class SequentialTrainer(LocalTrainer):
                 out_b[k][i] = b
             losses[i] = total / max(steps, 1)
         return TrainResult(out_p, out_b, losses, schedule.steps.clone())
-
-
-def _one_client(rule):
-    """A batched update rule (``batched_update_rule``) called for one client: every tensor
-    given a client axis of one, the results taken back off it (as the engine's client-after-
-    client execution does). The fallback for a batched rule the benchmark did not replace by
-    a per-client library's step (``round_speed.reference_runner`` replaces pFedMe's, the
-    only one today)."""
-
-    def one(params, buffers, extras, x, y, w):
-        def add(tree):
-            return {k: v.unsqueeze(0) for k, v in tree.items()}
-
-        new, loss = rule(add(params), add(buffers), add(extras), x[None], y[None], w[None])
-        return {k: v[0] for k, v in new.items()}, loss[0]
-
-    return one
 
 
 def pfllib_pfedme_step(algorithm, model: nn.Module):

@@ -436,7 +436,7 @@ class MLPChain:
         ones = torch.ones(c, 1, b, dtype=scale.dtype, device=scale.device)
         x = x.reshape(c, b, -1)
         for _ in range(steps):
-            outputs = self._cohort_forward(theta, x)
+            outputs = self.forward(theta, x)[1]
             delta = torch.addcmul(neg, torch.softmax(outputs[-1], -1), scale)  # ∂R/∂logits
             for i in range(len(self.layers) - 1, -1, -1):
                 layer = self.layers[i]
@@ -451,21 +451,8 @@ class MLPChain:
                     bias.baddbmm_(ones, delta, beta=keep, alpha=-lr)
                     bias.add_(pull[layer.bias].unsqueeze(1))
                 delta = below
-        logp = torch.log_softmax(self._cohort_forward(theta, x)[-1], -1)
+        logp = torch.log_softmax(self.forward(theta, x)[0], -1)
         return theta, (neg * logp).sum((1, 2))
-
-    def _cohort_forward(self, params: Tree, x: Tensor) -> list[Tensor]:
-        """Each layer's input, then the output, for a cohort (``x`` [C, B, in]): one
-        ``baddbmm`` per layer."""
-        outputs = [x]
-        for layer in self.layers:
-            wt = params[layer.weight].transpose(1, 2)
-            if layer.bias is not None:
-                a = torch.baddbmm(params[layer.bias].unsqueeze(1), outputs[-1], wt)
-            else:
-                a = torch.bmm(outputs[-1], wt)
-            outputs.append(a.clamp_min_(0) if layer.relu else a)
-        return outputs
 
 
 def mlp_extractor(model: nn.Module) -> MLPChain | None:
