@@ -205,3 +205,18 @@ def test_finite_rows_is_exact_where_a_row_sum_overflows():
     assert finite_rows(v).tolist() == [True, False, False, True, False]
     assert finite({"a": v[[0, 3]], "n": torch.arange(3)})
     assert not finite({"a": v[[0, 3]], "b": v[1]})
+
+
+def test_finite_rows_of_several_tensors_is_the_rows_of_each_together():
+    """Row i is finite only where it is finite in every tensor (a row's trouble may sit in
+    any of them, overflowing sums included)."""
+    from fedshift.engine.faults import finite_rows
+
+    a, b = torch.randn(4, 3), torch.randn(4, 2, 5, dtype=torch.float64)
+    a[1, 2] = float("nan")
+    b[2, 1, 4] = float("inf")
+    a[3] = 3e38  # an overflowing but finite row
+    got = finite_rows(a, b).tolist()
+    assert got == [True, False, False, True]
+    assert got == (torch.isfinite(a).all(1) & torch.isfinite(b).flatten(1).all(1)).tolist()
+    assert finite_rows(a[[0, 3]], b[[0, 3]]).tolist() == [True, True]

@@ -69,6 +69,20 @@ def test_tree_helpers_recurse_into_sub_trees():
     assert torch.equal(mean["count"], tree["count"][0])  # integers are not averaged
 
 
+def test_weighted_mean_in_blocks_is_the_float64_mean(monkeypatch):
+    """Averaged a block of columns at a time (the float64 copy stays small), the mean is the
+    float64 weighted sum rounded once, whatever the block."""
+    import fedshift.engine.tree as tree_module
+
+    v = torch.randn(5, 7, 3, generator=torch.Generator().manual_seed(0))
+    w = torch.tensor([3.0, 1.0, 0.0, 2.0, 4.0])
+    whole = weighted_mean({"v": v}, w)["v"]
+    expect = (v.double() * (w.double() / w.sum())[:, None, None]).sum(0).float()
+    assert torch.equal(whole, expect)
+    monkeypatch.setattr(tree_module, "MEAN_BLOCK", 4)  # 21 columns: blocks of 4, 4, …, 1
+    assert torch.equal(weighted_mean({"v": v}, w)["v"], whole)
+
+
 def test_rows_and_concat_keep_the_nesting():
     chunks = [nested(n) for n in (2, 3)]
     rows = Rows(5)

@@ -77,16 +77,21 @@ class Scaffold(GlobalModelAlgorithm):
         c, c_i = payload.broadcast["c"], state["c"]
         correction = {k: c[k].unsqueeze(0) - c_i[k] for k in c}
         out = self.ctx.train(self.loss, params, buffers, cohort, per_client=correction)
-        # Option II (line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); unchanged if K_i = 0
+        # Option II (line 12): c_i⁺ = c_i − c + (x − y_i) / (K_i η_l); unchanged if K_i = 0.
+        # Written as (Δy_i / −K_i η_l) − (c − c_i), the same floats in three passes over the
+        # cohort (x − y_i = −Δy_i and c_i − c = −correction exactly)
         k_eta = (out.steps.to(torch.float32) * self.ctx.sgd.lr).to(params[next(iter(c))].device)
-        new_c, delta_c = {}, {}
+        took_steps = k_eta > 0
+        every_client_stepped = bool(took_steps.all())
+        delta_y, new_c, delta_c = {}, {}, {}
         for k in c:
-            scale = k_eta.view(-1, *([1] * c[k].dim()))
-            step = (x[k].unsqueeze(0) - out.params[k]) / scale.clamp(min=1e-12)
-            plus = c_i[k] - c[k].unsqueeze(0) + step
-            new_c[k] = torch.where(scale > 0, plus, c_i[k])
+            shape = (-1, *([1] * c[k].dim()))
+            delta_y[k] = out.params[k] - x[k].unsqueeze(0)  # line 13
+            plus = (delta_y[k] / -k_eta.clamp(min=1e-12).view(shape)).sub_(correction[k])
+            new_c[k] = (
+                plus if every_client_stepped else torch.where(took_steps.view(shape), plus, c_i[k])
+            )
             delta_c[k] = new_c[k] - c_i[k]
-        delta_y = {k: out.params[k] - x[k].unsqueeze(0) for k in x}  # line 13
         upload = {"dy": delta_y, "dc": delta_c, "b": out.buffers}
         return ClientResult(upload, {"c": new_c}, cohort.num_examples, out.loss)
 
@@ -97,6 +102,9 @@ class Scaffold(GlobalModelAlgorithm):
         mean = weighted_mean({k: v for k, v in uploads.items() if k != "dc"}, weights)
         params, _ = split_state(server)
         c, s = server["c"], len(info.ids)
-        new_x = {k: v + self.hp.server_lr * mean["dy"][k] for k, v in params.items()}
+        lr = self.hp.server_lr  # at 1 (the paper's) Δy is added as it is: same floats, a pass less
+        new_x = {
+            k: v + (mean["dy"][k] if lr == 1 else lr * mean["dy"][k]) for k, v in params.items()
+        }
         new_c = {k: v + (s / n) * uploads["dc"][k].mean(0) for k, v in c.items()}
         return {**model_state(new_x, mean.get("b", {})), "c": new_c}

@@ -512,10 +512,9 @@ def divergence(lost: list[RoundRecord], streak: bool, rounds: int) -> str | None
 
 def check_client_state(state: Tree, ids: Tensor, r: int) -> None:
     """Refuse to keep a client state with NaN/Inf: that client's personal model diverged."""
-    for v in leaves(state):
-        if not v.is_floating_point():
-            continue
-        bad = ~finite_rows(v)
+    tensors = [v for v in leaves(state) if v.is_floating_point()]
+    if tensors:
+        bad = ~finite_rows(*tensors)
         if bad.any():
             client = int(ids[bad.nonzero()[0, 0].to(ids.device)])
             raise Diverged(

