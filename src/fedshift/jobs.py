@@ -111,6 +111,8 @@ def _run_jobs(jobs, db, group, progress, keep_diverged, reuse) -> Iterator[Finis
             continue
         if before is not None:
             label += f" (resumed {before['run_id']})"
+        if progress is not None:  # where no one watches, no hint
+            hint_if_crowded(cfg)
         data = job.data() if callable(job.data) else job.data
         bar, on_round = progress(cfg.rounds, label) if progress else (None, None)
         quiet = None if bar is None else False  # the caller's bar, not the run's own
@@ -185,3 +187,23 @@ def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
             "process; wait for it or stop it before --resume"
         )
     return None
+
+
+_crowded_said = False  # once per process: a table's methods are run_jobs calls of their own
+
+
+def hint_if_crowded(cfg) -> None:
+    """Say once, on stderr where someone watches (a terminal or a notebook, as the progress
+    bar), when the machine's other processes already fill every core."""
+    global _crowded_said
+    from rich.console import Console
+
+    from .crowded import crowded_hint
+    from .progress import wanted
+
+    if _crowded_said or not wanted(None):
+        return
+    hint = crowded_hint(cfg.threads, str(cfg.device))
+    if hint:
+        _crowded_said = True
+        Console(stderr=True, highlight=False).print(f"note: {hint}", markup=False)
