@@ -118,7 +118,7 @@ def point(population: int, cohort: int, rounds: int, threads: int) -> dict:
         cpu.append(time.process_time() - c)
     rounds_peak = status_mb("VmHWM")
     t = time.perf_counter()
-    runner.accuracy(data.test, rounds)
+    runner.counts(data.test, rounds)  # every client on its test splits
     eval_s = time.perf_counter() - t
     return {
         "population": population,

@@ -91,3 +91,22 @@ def test_gpu_executions_script_runs_on_the_cpu(shared_datasets, tmp_path):
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["errors"] == [] and summary["not_on_device"] == []
     assert summary["max_batched_vs_sequential"] < 1e-4
+
+
+def test_population_scale_point_runs():
+    """benchmarks/population_scale.py (W4) measures one (population, cohort) point with the
+    runner's current API, evaluation of every client included."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "population_scale.py"), "--point", "50", "5", "--rounds", "1"]
+        + ["--threads", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    point = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (point["population"], point["cohort"]) == (50, 5)
+    assert point["round_s"] > 0 and point["eval_all_clients_s"] > 0

@@ -96,11 +96,12 @@ def screen(upload: Tree, opts: FaultOptions) -> list[str | None]:
     norms = row_norms(upload)
     if norms.numel() == 0:
         return []
-    verdict: list[str | None] = [None if torch.isfinite(n) else "nonfinite" for n in norms]
-    finite = norms[torch.isfinite(norms)]
+    ok = torch.isfinite(norms)  # one call for the round (not one per participant)
+    verdict: list[str | None] = [None if o else "nonfinite" for o in ok.tolist()]
+    finite = norms[ok]
     if opts.max_norm > 0 and finite.numel() > 0:
         limit = opts.max_norm * float(finite.median())
-        over = [float(n) > limit for n in norms]
+        over = [n > limit for n in norms.tolist()]
         verdict = [v or ("norm" if o else None) for v, o in zip(verdict, over, strict=True)]
     return verdict
 
