@@ -26,7 +26,11 @@ def crowded_hint(threads: int, device: str) -> str | None:
 
     if threads or resolve_device(device).type != "cpu" or not hasattr(os, "getloadavg"):
         return None
-    intra_op, cores, load = torch.get_num_threads(), usable_cores(), os.getloadavg()[0]
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average here: nothing to say
+        return None
+    intra_op, cores = torch.get_num_threads(), usable_cores()
     if intra_op <= 1 or load < cores:
         return None
     return (
