@@ -70,8 +70,9 @@ def test_tree_helpers_recurse_into_sub_trees():
 
 
 def test_weighted_mean_in_blocks_is_the_float64_mean(monkeypatch):
-    """Averaged a block of columns at a time (the float64 copy stays small), the mean is the
-    float64 weighted sum rounded once, whatever the block."""
+    """Averaged a block of columns at a time (the float64 copy stays within MEAN_ELEMENTS
+    whatever the cohort), the mean is the float64 weighted sum rounded once, whatever the
+    block."""
     import fedshift.engine.tree as tree_module
 
     v = torch.randn(5, 7, 3, generator=torch.Generator().manual_seed(0))
@@ -79,8 +80,12 @@ def test_weighted_mean_in_blocks_is_the_float64_mean(monkeypatch):
     whole = weighted_mean({"v": v}, w)["v"]
     expect = (v.double() * (w.double() / w.sum())[:, None, None]).sum(0).float()
     assert torch.equal(whole, expect)
-    monkeypatch.setattr(tree_module, "MEAN_BLOCK", 4)  # 21 columns: blocks of 4, 4, …, 1
+    monkeypatch.setattr(tree_module, "MEAN_ELEMENTS", 20)  # 5 clients: blocks of 4 columns
+    seen = []
+    double = torch.Tensor.double
+    monkeypatch.setattr(torch.Tensor, "double", lambda t: seen.append(t.numel()) or double(t))
     assert torch.equal(weighted_mean({"v": v}, w)["v"], whole)
+    assert seen == [20] * 5 + [5]  # 21 columns: the float64 copies stay within the bound
 
 
 def test_rows_and_concat_keep_the_nesting():
