@@ -316,7 +316,8 @@ def test_fedsr_written_gradient_is_autograds_for_the_cohort(hidden):
 
 def test_fediir_written_gradient_is_autograds_double_backprop():
     """FedIIR's risk + γ‖∇_ω R − ḡ‖² differentiated by hand (the softmax's Jacobian in
-    closed form) against autograd's double back-prop, under vmap, short batch included."""
+    closed form) against autograd's double back-prop, per client under vmap and for the
+    whole cohort at once (the engine's call), short batch included."""
     data = toy_data()
     cfg = fs.make_config(algorithm="fediir", **dict(SETTINGS, model_options={"hidden": [16, 8]}))
     alg = build_experiment(cfg, data=data).algorithm
@@ -338,6 +339,15 @@ def test_fediir_written_gradient_is_autograds_double_backprop():
     assert sorted(grads) == sorted(params)
     for k in params:
         torch.testing.assert_close(grads[k], want[k], rtol=1e-4, atol=1e-6, msg=k)
+    # the whole cohort at once, ḡ and the weight given the client axis (the engine's call)
+    cohort_extras = {
+        "gbar": {k: v.expand(3, *v.shape) for k, v in extras["gbar"].items()},
+        "weight": extras["weight"].expand(3),
+    }
+    batched, batched_value = alg.loss_gradient(params, {}, cohort_extras, x, y, w)
+    torch.testing.assert_close(batched_value, value)
+    for k in params:
+        torch.testing.assert_close(batched[k], want[k], rtol=1e-4, atol=1e-6, msg=k)
 
 
 def test_fedpin_written_global_gradient_is_autograds():

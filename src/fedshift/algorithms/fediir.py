@@ -64,7 +64,9 @@ class FedIIR(FedAvg):
         """``loss`` and its gradient for an MLP. With s_b = w_b / Σw, p = softmax(ω(z)) and
         δ = s·(p − onehot) (so G = δᵀz, Σ_b δ_b is ∇_ω R), E = G − ḡ, the penalty ‖E‖²
         has ∂/∂z = 2δE_W and ∂/∂logits_b = s_b(p_b ⊙ M_b − p_b(p_b·M_b)) with
-        M_b = 2(E_W z_b + e_b) (the softmax's Jacobian), then the usual chain to ω and z."""
+        M_b = 2(E_W z_b + e_b) (the softmax's Jacobian), then the usual chain to ω and z.
+        Written for the whole cohort at once (a leading client axis on every tensor, the
+        shared ḡ and weight given one by the engine): no ``vmap`` per step."""
         ext = self.extractor()
         z, cache = ext.forward(params, x)
         head_w, head_b = params["head.weight"], params["head.bias"]
@@ -73,16 +75,17 @@ class FedIIR(FedAvg):
         gbar, weight = extras["gbar"], extras["weight"]
         g_w, g_b = linear_grads(delta, z)  # ∇_ω R
         e_w, e_b = g_w - gbar["head.weight"], g_b - gbar["head.bias"]
-        penalty = (e_w**2).sum() + (e_b**2).sum()
-        m = 2 * linear(z, e_w, e_b)  # [B, K]
-        jac = scale[:, None] * (p * m - p * (p * m).sum(-1, keepdim=True))
-        d_logits = delta + weight * jac
-        d_z = d_logits @ head_w + weight * 2 * (delta @ e_w)
+        penalty = (e_w**2).sum((-2, -1)) + (e_b**2).sum(-1)  # [C]
+        m = 2 * linear(z, e_w, e_b)  # [C, B, K]
+        jac = scale[..., None] * (p * m - p * (p * m).sum(-1, keepdim=True))
+        per_row = weight[..., None, None]  # [C, 1, 1]
+        d_logits = delta + per_row * jac
+        d_z = d_logits @ head_w + per_row * 2 * (delta @ e_w)
         grads = ext.backward(params, cache, d_z)
         grads["head.weight"], grads["head.bias"] = linear_grads(d_logits, z)
         return grads, risk + weight * penalty
 
-    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None)
+    @gradient_by(loss_gradient, when=lambda self: self.extractor() is not None, batched=True)
     def loss(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         z = features(self.ctx, params, buffers, x)
         head = select(params, is_head)
