@@ -129,11 +129,12 @@ class FedSR(FedAvg):
         ref_sigma = F.softplus(ref_raw)
         m, s = mu * c, sigma * c
         gap = m - ref_mu
-        kl = torch.log(ref_sigma) - torch.log(s) + (s**2 + gap**2) / (2 * ref_sigma**2) - 0.5
+        var, spread = ref_sigma**2, s**2 + gap**2  # each used twice below: computed once
+        kl = torch.log(ref_sigma) - torch.log(s) + spread / (2 * var) - 0.5
         weight = (self.hp.cmi * scale)[..., None]
-        d_m = weight * gap / ref_sigma**2
-        d_s = weight * (s / ref_sigma**2 - 1 / s)
-        d_ref_sigma = weight * (1 / ref_sigma - (s**2 + gap**2) / ref_sigma**3)
+        d_m = weight * gap / var
+        d_s = weight * (s / var - 1 / s)
+        d_ref_sigma = weight * (1 / ref_sigma - spread / ref_sigma**3)
         d_out = torch.cat([dz + d_m * c, (dz * eps + d_s * c) * torch.sigmoid(raw)], -1)
         grads = ext.backward(params, cache, d_out @ rep_w)
         by_class = target.transpose(-1, -2)  # [C, K, B]
