@@ -188,3 +188,38 @@ def test_rows_stack_chunks_like_concat_and_keep_a_single_chunk_uncopied():
     nothing.add({}, 3)
     nothing.add({}, 2)
     assert nothing.result() == {}
+
+
+@pytest.mark.parametrize("execution", ["batched", "sequential"])
+def test_training_from_read_only_views_matches_copies_and_returns_own_tensors(execution):
+    """``stack(copy=False)`` hands ``Context.train`` one model seen n times: the round is the
+    same as from n copies, the model is left as it was, the results own their memory (so
+    the stacked copy a round no longer makes is not traded for aliasing), and writing into
+    a view raises instead of changing every client at once."""
+    data = toy_data()
+    cfg = fs.make_config(algorithm="fedavg", execution=execution, **{**SETTINGS, "rounds": 1})
+    exp = build_experiment(cfg, data=data)
+    ctx = exp.ctx
+    ids = torch.arange(data.num_clients)
+    cohort = ctx.cohort(ids, 0)
+    n = len(ids)
+    model = {k: v.clone() for k, v in ctx.initial_params.items()}
+    views = stack(model, n, copy=False)
+    assert all(v.stride(0) == 0 for v in views.values())  # no memory per client
+    with pytest.raises(RuntimeError):
+        next(iter(views.values())).add_(1.0)
+    buffers = stack(ctx.initial_buffers, n, copy=False)
+    trainable = lambda k: not k.endswith("bias")  # noqa: E731 (frozen entries come back too)
+    got = ctx.train(exp.algorithm.loss, views, buffers, cohort, trainable=trainable)
+    want = ctx.train(
+        exp.algorithm.loss,
+        stack(model, n),
+        stack(ctx.initial_buffers, n),
+        cohort,
+        trainable=trainable,
+    )
+    for k in model:
+        torch.testing.assert_close(got.params[k], want.params[k], rtol=0, atol=0)
+        assert got.params[k].stride(0) != 0 and got.params[k].is_contiguous()
+        torch.testing.assert_close(model[k], ctx.initial_params[k], rtol=0, atol=0)
+    assert not torch.equal(got.params[next(iter(model))][0], model[next(iter(model))])

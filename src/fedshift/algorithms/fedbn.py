@@ -68,12 +68,13 @@ class FedBN(GlobalModelAlgorithm):
         return model_state(self.split(params)[1], self.split(buffers)[1])
 
     def full_model(self, shared: Tree, local: Tree, n: int) -> tuple[Tree, Tree]:
-        """Stacked client models: broadcast shared layers + each client's BN layers."""
+        """Stacked client models: broadcast shared layers (read-only views: ``ctx.train``
+        copies what it trains) + each client's BN layers."""
         gp, gb = split_state(shared)
         # a client state without BN parameters (local = "statistics") or without any BN
         # layer has empty parts, which a checkpoint does not keep
         lp, lb = local.get("p", {}), local.get("b", {})
-        return {**stack(gp, n), **lp}, {**stack(gb, n), **lb}
+        return {**stack(gp, n, copy=False), **lp}, {**stack(gb, n, copy=False), **lb}
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers = self.full_model(payload.broadcast, state, len(cohort))

@@ -343,8 +343,8 @@ class FedPIN(Algorithm):
         aux = {k: payload.broadcast[k] for k in SHARED_AUX}
         out = self.ctx.train(
             self.global_loss,
-            {**stack({**g_params, **aux}, n), **payload.per_client},
-            stack(g_buffers, n),
+            {**stack({**g_params, **aux}, n, copy=False), **payload.per_client},  # views
+            stack(g_buffers, n, copy=False),
             cohort,
             "fedpin/global",
             shared={"alpha": self.alpha(payload.broadcast)},
@@ -380,8 +380,8 @@ class FedPIN(Algorithm):
             n = len(cohort)
             out = self.ctx.train(
                 self.loss,
-                stack(g_params, n),
-                stack(g_buffers, n),
+                stack(g_params, n, copy=False),  # views: train copies
+                stack(g_buffers, n, copy=False),
                 cohort,
                 "finetune",
                 **self.k_local(),

@@ -50,11 +50,12 @@ class FedRep(Algorithm):
         return Payload(broadcast=server)
 
     def personal_model(self, shared: Tree, state: Tree, n: int) -> tuple[Tree, Tree]:
-        """Stacked h_i ∘ φ for ``n`` clients: the shared φ with each client's head."""
+        """Stacked h_i ∘ φ for ``n`` clients: the shared φ with each client's head (φ as
+        read-only views: ``ctx.train`` copies what it trains)."""
         # φ may have no parameters (mlr: Φ = identity): an empty part is not sent or saved
         rep, buffers = shared.get("p", {}), shared.get("b", {})
         heads, _ = split_state(state)
-        return {**stack(rep, n), **heads}, stack(buffers, n)
+        return {**stack(rep, n, copy=False), **heads}, stack(buffers, n, copy=False)
 
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         params, buffers = self.personal_model(payload.broadcast, state, len(cohort))

@@ -47,8 +47,8 @@ class FedSDRFedAvg(FedSDR):
         params, buffers = split_state(broadcast["g"])
         return self.ctx.train(
             self.sr_risk,
-            stack(params, n),
-            stack(buffers, n),
+            stack(params, n, copy=False),  # views: train copies
+            stack(buffers, n, copy=False),
             cohort,
             "fedsdr/personal",
             **self.shortcut_rows(broadcast, cohort),

@@ -175,8 +175,8 @@ class FedSR(FedAvg):
         batch = self.ctx.batch_size if self.ctx.batch_size > 0 else max(int(sizes.max()), 1)
         out = self.ctx.train(
             self.loss,
-            {**stack(params, n), **refs},
-            stack(buffers, n),
+            {**stack(params, n, copy=False), **refs},  # views: train copies
+            stack(buffers, n, copy=False),
             cohort,
             noise={"eps": (batch, self.dim)},
         )

@@ -111,6 +111,12 @@ class PerFedAvg(GlobalModelAlgorithm):
         n = len(cohort)
         sgd = SGDConfig(self.hp.alpha)
         out = self.ctx.train(
-            self.adapt_loss, stack(params, n), stack(buffers, n), cohort, "adapt", steps=1, sgd=sgd
+            self.adapt_loss,
+            stack(params, n, copy=False),  # views: train copies
+            stack(buffers, n, copy=False),
+            cohort,
+            "adapt",
+            steps=1,
+            sgd=sgd,
         )
         return Prediction(out.params, out.buffers, shared=False)

@@ -218,8 +218,8 @@ class PerInvFL(Algorithm):
             schedule = {"steps": self.ctx.local_epochs or self.ctx.local_steps, "batch_size": 0}
         out = self.ctx.train(
             self.local_step,
-            {**stack(nu, n), PERSONAL: theta, **adam},
-            stack(buffers, n),
+            {**stack(nu, n, copy=False), PERSONAL: theta, **adam},  # views: train copies
+            stack(buffers, n, copy=False),
             cohort,
             shared={"weight": weight.to(self.ctx.device)},
             per_client={"q": payload.per_client["q"]},

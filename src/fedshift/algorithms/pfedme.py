@@ -133,11 +133,15 @@ class PFedMe(Algorithm):
     def client_update(self, payload: Payload, state: Tree, cohort) -> ClientResult:
         n = len(cohort)
         received, buffers = split_state(payload.broadcast)
-        personal = stack(received, n) if self.reset_personal else split_state(state)[0]
-        params = {**stack(received, n), "pm": personal}
+        personal = stack(received, n, copy=False) if self.reset_personal else split_state(state)[0]
+        params = {**stack(received, n, copy=False), "pm": personal}  # views: train copies
         step = self.local_step if self.inner_gradient() is None else self.cohort_step
         out = self.ctx.train(
-            step, params, stack(buffers, n), cohort, **self.train_extras(payload, cohort)
+            step,
+            params,
+            stack(buffers, n, copy=False),
+            cohort,
+            **self.train_extras(payload, cohort),
         )
         local = {k: v for k, v in out.params.items() if k != "pm"}
         return ClientResult(

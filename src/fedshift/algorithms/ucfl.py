@@ -194,8 +194,8 @@ class UCFL(Algorithm):
             params, buffers = split_state(take(payload.broadcast, s))
             out = self.ctx.train(
                 self.loss,
-                stack(params, len(cohort)),
-                stack(buffers, len(cohort)),
+                stack(params, len(cohort), copy=False),  # views: train copies
+                stack(buffers, len(cohort), copy=False),
                 cohort,
                 f"train/{s}",
             )

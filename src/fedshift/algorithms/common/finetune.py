@@ -25,8 +25,8 @@ def finetuned_prediction(
     n = len(cohort)
     out = ctx.train(
         loss,
-        stack(params, n),
-        stack(buffers, n),
+        stack(params, n, copy=False),  # views: train copies what it trains
+        stack(buffers, n, copy=False),
         cohort,
         "finetune",
         epochs=epochs,

@@ -30,9 +30,10 @@ class GlobalModelAlgorithm(Algorithm):
         return Payload(broadcast=server)
 
     def start_from_broadcast(self, payload: Payload, n: int) -> tuple[Tree, Tree, Tree]:
-        """Stacked copies of the received model for ``n`` clients, and the model itself."""
+        """The received model stacked for ``n`` clients (read-only views: ``ctx.train``
+        copies what it trains), and the model itself."""
         params, buffers = split_state(payload.broadcast)
-        return stack(params, n), stack(buffers, n), params
+        return stack(params, n, copy=False), stack(buffers, n, copy=False), params
 
     def aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         return weighted_mean(uploads, info.num_examples)
