@@ -885,6 +885,13 @@ def reproduce(
             "scale and print the estimated wall time of the whole table on this machine"
         ),
     ] = False,
+    status: Annotated[
+        bool,
+        typer.Option(
+            help="train nothing: say which of the table's runs the store holds done (with "
+            "their figures), running or stopped, and which have not started"
+        ),
+    ] = False,
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
@@ -894,9 +901,14 @@ def reproduce(
     given = {"device": device, "data_dir": data_dir, "imports": import_first(imports)}
     extra = add_options(parse_set(set_ or []), given)
     add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    if estimate and status:
+        raise FedshiftError("--estimate times the table and --status reads the store: pick one")
     if estimate:
-        chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
         _estimate(table, seeds, rounds, quick, extra, chosen, json_)
+        return
+    if status:
+        _status(table, db, seeds, first_seed, rounds, quick, extra, chosen, skip_missing, json_)
         return
 
     result = reproduce_table(
@@ -909,7 +921,7 @@ def reproduce(
         skip_missing=skip_missing,
         extra=extra,
         progress=progress_bar,
-        methods=[m.strip() for m in methods.split(",") if m.strip()] if methods else None,
+        methods=chosen,
         resume=resume,
         first_seed=first_seed,
         export_to=export_to,
@@ -1046,6 +1058,57 @@ def _estimate(table, seeds, rounds, quick, extra, methods, json_) -> None:
     (err if json_ else out).print(rows)
     if result["skipped"]:
         err.print(f"not timed (algorithm not registered): {escape(', '.join(result['skipped']))}")
+    if json_:
+        print_json(result)
+
+
+def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, json_) -> None:
+    """``reproduce --status``: the table's runs in the store, run by run."""
+    from .table_status import table_status
+
+    result = table_status(
+        table,
+        db=db,
+        seeds=seeds,
+        first_seed=first_seed,
+        rounds=rounds,
+        quick=quick,
+        extra=extra,
+        methods=methods,
+        skip_missing=skip,
+    )
+    rows = Table(title=f"{result['table']}: runs in {escape(result['db'])}")
+    rows.add_column("method")
+    rows.add_column("seed", justify="right")
+    sweep = any("value" in r for r in result["runs"])
+    if sweep:
+        rows.add_column("value", justify="right")
+    rows.add_column("state")
+    rows.add_column("rounds", justify="right")
+    for m in result["metrics"]:
+        rows.add_column(m, justify="right")
+    rows.add_column("hours", justify="right")
+    rows.add_column("run")
+    for r in result["runs"]:
+        state = r["state"] + (" †degenerate" if r["degenerate"] else "")
+        cells = [escape(r["method"]), str(r["seed"])]
+        cells += [escape(str(r.get("value")))] if sweep else []
+        cells += [state, f"{r['rounds_done']}/{r['rounds']}"]
+        cells += [
+            fmt(r["metrics"].get(m)) if r["state"] == "done" else "" for m in result["metrics"]
+        ]
+        cells += [f"{r['time_s'] / 3600:.2f}" if r["time_s"] else "", r["run_id"] or ""]
+        rows.add_row(*cells)
+    (err if json_ else out).print(rows)
+    counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())
+    left = f"about {result['left_s'] / 3600:.1f} h of one process left at the finished runs' pace"
+    if result["unpaced"]:
+        left += f", plus {', '.join(result['unpaced'])} (no finished run to pace them)"
+    err.print(
+        f"{result['total']} runs: {counts}; {left}",
+        highlight=False,
+        soft_wrap=True,
+    )
     if json_:
         print_json(result)
 

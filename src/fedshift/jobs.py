@@ -166,6 +166,12 @@ def _identity(config: dict) -> str:
     return json.dumps(kept, sort_keys=True, default=str)
 
 
+def config_identity(cfg: RunConfig) -> str:
+    """What makes two runs the same run: the config without the machine's keys (a stored
+    run's ``_identity(run["config"])`` equals this for its own config)."""
+    return _identity(json.loads(json.dumps(cfg.flat(), default=str)))
+
+
 def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
     """The store's run of exactly this configuration (device and data folder aside): the
     newest finished one, else the newest stopped one (interrupted, failed or diverged),
@@ -175,7 +181,7 @@ def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
 
     if not Path(db).exists():
         return None
-    key = _identity(json.loads(json.dumps(cfg.flat(), default=str)))
+    key = config_identity(cfg)
     same = [r for r in RunStore(db).runs() if r["config"] and _identity(r["config"]) == key]
     for status in ("done", "interrupted", "failed", "diverged"):
         found = [r for r in same if r["status"] == status]

@@ -106,6 +106,31 @@ def plan_table(
     return TablePlan(methods, skipped, overrides, k)
 
 
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a table: a method's seed (and sweep value), with its full config."""
+
+    method: Method
+    seed: int
+    value: Any  # the sweep value, or None
+    config: RunConfig
+    label: str
+
+
+def method_runs(table: Table, m: Method, plan: TablePlan, first_seed: int) -> list[PlannedRun]:
+    """The method's runs in the order they are made: seed by seed, each sweep value within
+    a seed (``run_table`` trains them; ``reproduce --status`` looks them up)."""
+    out = []
+    for seed in range(first_seed, first_seed + plan.seeds):
+        for value in table.sweep_values if table.sweep_key else [None]:
+            cfg = method_config(table, m, {**plan.overrides, "seed": seed})
+            if value is not None:
+                apply(cfg, {table.sweep_key: value})
+            label = f"{m.name} (seed {seed}{'' if value is None else f', {value}'})"
+            out.append(PlannedRun(m, seed, value, cfg, label))
+    return out
+
+
 def run_table(
     table: Table,
     *,
@@ -137,21 +162,15 @@ def run_table(
     plan = plan_table(
         table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
     )
-    k = plan.seeds
     sweep = table.sweep_values if table.sweep_key else [None]
     data_for = ScenarioCache(table)
 
     def jobs(m: Method) -> list[Job]:
         """The method's runs: seed by seed, each sweep value within a seed."""
-        out = []
-        for seed in range(first_seed, first_seed + k):
-            for value in sweep:
-                cfg = method_config(table, m, {**plan.overrides, "seed": seed})
-                if value is not None:
-                    apply(cfg, {table.sweep_key: value})
-                label = f"{m.name} (seed {seed}{'' if value is None else f', {value}'})"
-                out.append(Job(cfg, label, partial(data_for, cfg)))  # built when it runs
-        return out
+        return [
+            Job(r.config, r.label, partial(data_for, r.config))  # data built when it runs
+            for r in method_runs(table, m, plan, first_seed)
+        ]
 
     group = new_group("table")  # the runs this command starts (reused ones keep theirs)
     results = []

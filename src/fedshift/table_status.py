@@ -1,0 +1,103 @@
+"""``fedshift reproduce TABLE --status``: where a long table stands in a run store.
+
+A paper-scale table runs for many hours, across sessions and processes (``--resume``).
+This reads the store, trains nothing and loads no data, and says run by run which of the
+table's runs are done (with the table's metrics and the degeneracy check), which are
+running or stopped (rounds done of rounds), and which have not started, with what is left
+at the pace of the method's finished runs. The runs are the ones ``reproduce`` would make
+with the same arguments (``reproduce.method_runs``), matched as ``--resume`` matches them
+(``jobs.config_identity``: the machine's keys, such as threads, aside).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from .jobs import _identity, config_identity
+from .reproduce import method_runs, plan_table
+from .results.store import RunStore
+from .tables import load_table, select_methods
+
+STOPPED = ("interrupted", "failed", "diverged")
+
+
+def _current(runs: list[dict]) -> dict | None:
+    """The run that stands for this configuration: the newest finished one, else the one
+    running now, else the newest stopped one (``--resume`` continues it)."""
+    for states in (("done",), ("running",), STOPPED):
+        found = [r for r in runs if r["status"] in states]
+        if found:
+            return found[-1]
+    return None
+
+
+def table_status(
+    source: str,
+    *,
+    db: str | Path,
+    seeds: int | None = None,
+    first_seed: int = 0,
+    rounds: int | None = None,
+    quick: bool = False,
+    extra: dict[str, Any] | None = None,
+    methods: list[str] | None = None,
+    skip_missing: bool = False,
+) -> dict:
+    """One row per planned run (method, seed, sweep value), its state and figures, and the
+    counts; ``left_s``: seconds of one process still to run, from each method's finished
+    runs' seconds per round (methods without one are listed in ``unpaced``)."""
+    table = select_methods(load_table(source), methods)
+    plan = plan_table(
+        table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
+    )
+    stored: dict[str, list[dict]] = {}
+    for r in RunStore(db).runs() if Path(db).exists() else []:
+        if r["config"]:
+            stored.setdefault(_identity(r["config"]), []).append(r)
+    rows = []
+    for m in plan.methods:
+        for planned in method_runs(table, m, plan, first_seed):
+            run = _current(stored.get(config_identity(planned.config), []))
+            metrics = (run or {}).get("metrics") or {}
+            row = {
+                "method": m.name,
+                "algorithm": m.algorithm,
+                "seed": planned.seed,
+                "state": run["status"] if run else "not started",
+                "run_id": run["run_id"] if run else None,
+                "rounds": planned.config.rounds,
+                "rounds_done": run["rounds_done"] if run else 0,
+                "time_s": run.get("time_s") if run else None,
+                "metrics": {k: metrics.get(k) for k in table.metrics} if run else {},
+                "degenerate": metrics.get("degenerate") if run else None,
+                "published": dict(m.published),
+            }
+            if planned.value is not None:
+                row["value"] = planned.value
+            rows.append(row)
+    pace: dict[str, list[float]] = {}
+    for row in rows:
+        if row["state"] == "done" and row["time_s"] and row["rounds"]:
+            pace.setdefault(row["method"], []).append(row["time_s"] / row["rounds"])
+    left, unpaced = 0.0, []
+    for row in rows:
+        if row["state"] == "done":
+            continue
+        if row["method"] in pace:
+            per_round = sum(pace[row["method"]]) / len(pace[row["method"]])
+            left += per_round * (row["rounds"] - row["rounds_done"])
+        elif row["method"] not in unpaced:
+            unpaced.append(row["method"])
+    return {
+        "table": table.id,
+        "db": str(db),
+        "metrics": list(table.metrics),
+        "runs": rows,
+        "total": len(rows),
+        "counts": dict(Counter(row["state"] for row in rows)),
+        "left_s": left,
+        "unpaced": unpaced,
+        "skipped": plan.skipped,
+    }

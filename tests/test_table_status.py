@@ -1,0 +1,70 @@
+"""`fedshift reproduce TABLE --status`: a long table's runs in the store, run by run (done
+with its figures, stopped with its rounds, not started), matched as `--resume` matches
+them, with nothing trained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_reproduce import TWO
+from toy import power_cut_at
+from typer.testing import CliRunner
+
+from fedshift.cli import app
+from fedshift.reproduce import reproduce
+from fedshift.results.store import RunStore
+from fedshift.table_status import table_status
+
+
+@pytest.fixture
+def stopped_table(tmp_path, monkeypatch):
+    """TWO (FedAvg, FedProx × seeds 0, 1) at 4 rounds, cut in FedAvg seed 1's third round."""
+    path = tmp_path / "two.toml"
+    path.write_text(TWO.replace("rounds = 2", "rounds = 4\ncheckpoint_every = 1"))
+    db = tmp_path / "runs.db"
+    with power_cut_at(monkeypatch, call=7), pytest.raises(RuntimeError):
+        reproduce(str(path), db=db, out_dir=tmp_path / "a", extra={"threads": 1})
+    return path, db
+
+
+def test_status_names_each_run_done_stopped_or_not_started(stopped_table):
+    path, db = stopped_table
+    stored = {r["run_id"]: r for r in RunStore(db).runs()}
+    # another thread count is the same run (a machine key), as for --resume
+    got = table_status(str(path), db=db, extra={"threads": 2})
+    rows = [(r["method"], r["seed"], r["state"], r["rounds_done"]) for r in got["runs"]]
+    assert rows == [
+        ("FedAvg", 0, "done", 4),
+        ("FedAvg", 1, "failed", 2),
+        ("FedProx", 0, "not started", 0),
+        ("FedProx", 1, "not started", 0),
+    ]
+    done = got["runs"][0]
+    assert done["metrics"]["worst"] == pytest.approx(stored[done["run_id"]]["metrics"]["worst"])
+    assert done["degenerate"] is False and done["published"] == {"worst": 10.0, "average": 50.0}
+    assert got["counts"] == {"done": 1, "failed": 1, "not started": 2}
+    # two FedAvg rounds left at the finished FedAvg run's pace; FedProx has no pace yet
+    per_round = stored[done["run_id"]]["time_s"] / 4
+    assert got["left_s"] == pytest.approx(2 * per_round)
+    assert got["unpaced"] == ["FedProx"]
+    # other settings are other runs: nothing of them is in the store
+    other = table_status(str(path), db=db, extra={"lr": 0.2})
+    assert {r["state"] for r in other["runs"]} == {"not started"}
+    assert len(RunStore(db).runs()) == len(stored)  # nothing trained
+
+
+def test_status_cli_prints_the_runs_and_a_json_summary(stopped_table, tmp_path):
+    path, db = stopped_table
+    runner = CliRunner()
+    res = runner.invoke(app, ["reproduce", str(path), "--db", str(db), "--status", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout.strip().splitlines()[-1])
+    assert summary["total"] == 4 and summary["counts"]["done"] == 1
+    assert "4 runs: 1 done, 1 failed, 2 not started" in res.stderr
+    missing = runner.invoke(
+        app, ["reproduce", str(path), "--db", str(tmp_path / "none.db"), "--status"]
+    )
+    assert missing.exit_code == 0 and "4 runs: 4 not started" in missing.stderr
+    both = runner.invoke(app, ["reproduce", str(path), "--status", "--estimate"])
+    assert both.exit_code != 0 and "pick one" in both.output
