@@ -68,3 +68,19 @@ def test_status_cli_prints_the_runs_and_a_json_summary(stopped_table, tmp_path):
     assert missing.exit_code == 0 and "4 runs: 4 not started" in missing.stderr
     both = runner.invoke(app, ["reproduce", str(path), "--status", "--estimate"])
     assert both.exit_code != 0 and "pick one" in both.output
+
+
+def test_status_of_a_sweep_table_lists_every_value_with_nothing_stored(tmp_path):
+    got = table_status("fedipg-rotmnist5", db=tmp_path / "none.db", methods=["FedIPG"])
+    assert got["sweep_key"] == "scenario.held_out"
+    assert [(r["seed"], r["value"]) for r in got["runs"][:7]] == [
+        (0, 0),
+        (0, 15),
+        (0, 30),
+        (0, 45),
+        (0, 60),
+        (0, 75),
+        (1, 0),
+    ]
+    assert got["counts"] == {"not started": 18} and got["unpaced"] == ["FedIPG"]
+    assert got["left_s"] == 0 and not (tmp_path / "none.db").exists()  # nothing created

@@ -1080,9 +1080,9 @@ def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, j
     rows = Table(title=f"{result['table']}: runs in {escape(result['db'])}")
     rows.add_column("method")
     rows.add_column("seed", justify="right")
-    sweep = any("value" in r for r in result["runs"])
+    sweep = result["sweep_key"]
     if sweep:
-        rows.add_column("value", justify="right")
+        rows.add_column(escape(sweep.rsplit(".", 1)[-1]), justify="right")
     rows.add_column("state")
     rows.add_column("rounds", justify="right")
     for m in result["metrics"]:
@@ -1101,9 +1101,14 @@ def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, j
         rows.add_row(*cells)
     (err if json_ else out).print(rows)
     counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())
+    unpaced = ", ".join(result["unpaced"])
     left = f"about {result['left_s'] / 3600:.1f} h of one process left at the finished runs' pace"
     if result["unpaced"]:
-        left += f", plus {', '.join(result['unpaced'])} (no finished run to pace them)"
+        left = (
+            f"{left}, plus {unpaced} (no finished run to pace them)"
+            if result["left_s"]
+            else f"no finished run yet to pace {unpaced}"
+        )
     err.print(
         f"{result['total']} runs: {counts}; {left}",
         highlight=False,

@@ -94,6 +94,7 @@ def table_status(
         "table": table.id,
         "db": str(db),
         "metrics": list(table.metrics),
+        "sweep_key": table.sweep_key or None,
         "runs": rows,
         "total": len(rows),
         "counts": dict(Counter(row["state"] for row in rows)),
