@@ -48,7 +48,41 @@ def test_discover_names_the_silent_clients_and_the_timeout_to_raise():
         discover(FakeGrid({12: 0}), 3, timeout=5)
     text = str(err.value)
     assert "clients [1, 2]" in text and "within 5 s" in text
-    assert "fedshift-connect-timeout" in text
+    assert "--connect-timeout" in text and "fedshift-connect-timeout" in text
+
+
+def test_serve_waits_the_connect_timeout_it_is_given():
+    """``serve`` (the simulation's and the deployed app's server) hands its connect timeout
+    to the discovery: with one node answering of three, it fails after that many seconds."""
+    import fedshift as fs
+
+    cfg = fs.make_config(algorithm="fedavg", scenario="digits-shortcut", rounds=1)
+    cfg.scenario_options["clients"] = 3
+    with pytest.raises(NodeFailure, match="within 2 s"):
+        server.serve(FakeGrid({12: 0}), [cfg], db=None, engine="test", connect_timeout=2)
+
+
+def test_cli_passes_connect_timeout_to_the_simulation(monkeypatch):
+    """``fedshift flower run --connect-timeout S``: the simulation waits S seconds for its
+    nodes (a busy machine needs more than the default 120 to start them); not positive, one
+    sentence."""
+    from typer.testing import CliRunner
+
+    from fedshift.cli import app
+    from fedshift.flower import run
+
+    seen = {}
+
+    def fake_simulate(configs, **kwargs):
+        seen.update(kwargs)
+        raise server.NodeFailure("stop here")
+
+    monkeypatch.setattr(run, "simulate", fake_simulate)
+    args = ["flower", "run", "--simulation", "--rounds", "1", "--set", "scenario=digits-shortcut"]
+    out = CliRunner().invoke(app, [*args, "--connect-timeout", "300"])
+    assert seen["connect_timeout"] == 300 and seen["round_timeout"] == 600
+    out = CliRunner().invoke(app, [*args, "--connect-timeout", "0"])
+    assert out.exit_code == 2 and "--connect-timeout must be a positive number" in out.output
 
 
 def test_discover_refuses_a_node_started_for_another_scenario():

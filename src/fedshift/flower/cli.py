@@ -78,6 +78,13 @@ def run(
     round_timeout: Annotated[
         float, typer.Option(help="seconds to wait for every node's reply in a round")
     ] = 600.0,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            help="seconds to wait for every node's first answer (each loads torch and its "
+            "data then: raise it on a busy machine)"
+        ),
+    ] = 120.0,
     imports: ImportOption = None,
 ) -> None:
     """Run one experiment (or one per seed) on Flower and record it in the run store."""
@@ -85,7 +92,7 @@ def run(
         _run(
             source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device,
             data_dir, simulation, deployment, superlink, address, root_certificates, insecure,
-            actors, round_timeout, imports,
+            actors, round_timeout, connect_timeout, imports,
         )  # fmt: skip
     except FedshiftError as e:
         output.err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
@@ -98,7 +105,7 @@ def run(
 def _run(
     source, method, set_, rounds, seed, seeds, cohort_size, db, json_, device, data_dir,
     simulation, deployment, superlink, address, root_certificates, insecure, actors,
-    round_timeout, imports,
+    round_timeout, connect_timeout, imports,
 ) -> None:  # fmt: skip
     from ..config import command_configs
     from ..tables import table_row
@@ -106,6 +113,9 @@ def _run(
 
     if simulation == deployment:
         raise FedshiftError("choose one Flower engine: --simulation or --deployment")
+    for name, value in (("--round-timeout", round_timeout), ("--connect-timeout", connect_timeout)):
+        if not value > 0:
+            raise FedshiftError(f"{name} must be a positive number of seconds, got {value}")
     if simulation and (superlink or address or root_certificates or insecure):
         raise FedshiftError(
             "--superlink/--address/--root-certificates/--insecure need --deployment"
@@ -140,7 +150,12 @@ def _run(
             from .run import simulate
 
             outcomes = simulate(
-                configs, db=db, actors=actors, round_timeout=round_timeout, on_round=progress
+                configs,
+                db=db,
+                actors=actors,
+                round_timeout=round_timeout,
+                connect_timeout=connect_timeout,
+                on_round=progress,
             )
             summaries = [o.summary() for o in outcomes]
         else:
@@ -154,6 +169,7 @@ def _run(
                 root_certificates=root_certificates,
                 insecure=insecure,
                 round_timeout=round_timeout,
+                connect_timeout=connect_timeout,
                 on_line=progress.line,
             )
     finally:

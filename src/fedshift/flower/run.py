@@ -66,6 +66,7 @@ def simulate(
     db: str | Path | None = None,
     actors: int = 0,
     round_timeout: float = DEFAULT_ROUND_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     on_round: Callable[[int, object], None] | None = None,
 ) -> list[RunOutcome]:
     """Run each config on Flower's simulation engine (one virtual SuperNode per client,
@@ -96,6 +97,7 @@ def simulate(
                 db=str(db) if db is not None else None,
                 engine="flower-simulation",
                 round_timeout=round_timeout,
+                connect_timeout=connect_timeout,
                 on_round=on_round,
             )
         )

@@ -96,8 +96,9 @@ def discover(grid: Grid, num_clients: int, timeout: float) -> Nodes:
         raise NodeFailure(
             f"no SuperNode answered for clients {missing} within {timeout:.0f} s; each loads"
             " torch and its data on its first message, which takes longer on a busy machine:"
-            " raise the connect timeout (the run config's fedshift-connect-timeout,"
-            " connect_timeout= of fedshift.flower.run.deploy)"
+            " raise the connect timeout (fedshift flower run --connect-timeout SECONDS;"
+            " connect_timeout= of fedshift.flower.run.simulate and deploy; the run config's"
+            " fedshift-connect-timeout for a deployed app)"
         )
     return nodes
 
