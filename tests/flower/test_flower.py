@@ -80,13 +80,17 @@ def flower_env():
     shutil.rmtree(folder, ignore_errors=True)
 
 
+BUSY_CONNECT_TIMEOUT = 600  # only a failing node waits it out
+
+
 @pytest.fixture(scope="module")
 def simulated(flower_env):
     """Every method in ONE Flower simulation (one virtual SuperNode per client)."""
     db = os.path.join(flower_env, "runs.db")
     configs = [small(m) for m in ALL]
     configs[0].tracking = ["tensorboard"]  # the server streams rounds to a tracker too
-    outcomes = simulate(configs, db=db, actors=1)
+    # a node's first answer loads torch: a test suite beside other work can take minutes
+    outcomes = simulate(configs, db=db, actors=1, connect_timeout=BUSY_CONNECT_TIMEOUT)
     return dict(zip(ALL, outcomes, strict=True)), db
 
 
@@ -223,7 +227,10 @@ def test_cli_simulation_prints_the_run_summary(flower_env, tmp_path):
     args = [f"--set={k}={v}" for k, v in SMALL.items() if k not in ("rounds", "seed")]
     args += ["--rounds", "2", "--seed", "5", "--db", db, "--json"]
     with flower_notices() as (records, caught):
-        ours = CliRunner().invoke(app, ["flower", "run", "--simulation", "--actors", "1", *args])
+        ours = CliRunner().invoke(
+            app,
+            ["flower", "run", "--simulation", "--actors", "1", "--connect-timeout", "600", *args],
+        )
     assert ours.exit_code == 0, ours.output
     # neither Flower's notice that run_simulation is deprecated nor Ray's FutureWarning
     # about accelerator env vars; Flower's other messages still pass
@@ -301,7 +308,8 @@ def test_cli_simulation_runs_a_table_row_of_an_imported_method(flower_env, tmp_p
     table = tmp_path / "table.toml"
     table.write_text(PLUGIN_TABLE)
     db = tmp_path / "runs.db"
-    args = ["flower", "run", "--simulation", "--actors", "1", "--import", str(plugin_file)]
+    args = ["flower", "run", "--simulation", "--actors", "1", "--connect-timeout", "600"]
+    args += ["--import", str(plugin_file)]
     args += [str(table), "--method", "mine", "--rounds", "1", "--db", str(db), "--json"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
