@@ -167,9 +167,20 @@ def _identity(config: dict) -> str:
 
 
 def config_identity(cfg: RunConfig) -> str:
-    """What makes two runs the same run: the config without the machine's keys (a stored
-    run's ``_identity(run["config"])`` equals this for its own config)."""
+    """What makes two runs the same run: the config without the machine's keys (the key
+    ``runs_by_config`` files a stored run of this config under)."""
     return _identity(json.loads(json.dumps(cfg.flat(), default=str)))
+
+
+def runs_by_config(db: str | Path) -> dict[str, list[dict]]:
+    """The store's runs, oldest first, filed by ``config_identity`` (none without a store)."""
+    from .results.store import RunStore
+
+    stored: dict[str, list[dict]] = {}
+    for r in RunStore(db).runs() if Path(db).exists() else []:
+        if r["config"]:
+            stored.setdefault(_identity(r["config"]), []).append(r)
+    return stored
 
 
 def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
@@ -177,12 +188,7 @@ def earlier_run(db: str | Path, cfg: RunConfig) -> dict | None:
     newest finished one, else the newest stopped one (interrupted, failed or diverged),
     else None. One still running in another process is refused: two processes must not
     train it."""
-    from .results.store import RunStore
-
-    if not Path(db).exists():
-        return None
-    key = config_identity(cfg)
-    same = [r for r in RunStore(db).runs() if r["config"] and _identity(r["config"]) == key]
+    same = runs_by_config(db).get(config_identity(cfg), [])
     for status in ("done", "interrupted", "failed", "diverged"):
         found = [r for r in same if r["status"] == status]
         if found:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
-from .jobs import _identity, config_identity
+from .jobs import config_identity, runs_by_config
 from .reproduce import method_runs, plan_table
-from .results.store import RunStore
 from .tables import load_table, select_methods
 
 STOPPED = ("interrupted", "failed", "diverged")
@@ -52,10 +52,7 @@ def table_status(
     plan = plan_table(
         table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
     )
-    stored: dict[str, list[dict]] = {}
-    for r in RunStore(db).runs() if Path(db).exists() else []:
-        if r["config"]:
-            stored.setdefault(_identity(r["config"]), []).append(r)
+    stored = runs_by_config(db)
     rows = []
     for m in plan.methods:
         for planned in method_runs(table, m, plan, first_seed):
@@ -86,8 +83,7 @@ def table_status(
         if row["state"] == "done":
             continue
         if row["method"] in pace:
-            per_round = sum(pace[row["method"]]) / len(pace[row["method"]])
-            left += per_round * (row["rounds"] - row["rounds_done"])
+            left += mean(pace[row["method"]]) * (row["rounds"] - row["rounds_done"])
         elif row["method"] not in unpaced:
             unpaced.append(row["method"])
     return {

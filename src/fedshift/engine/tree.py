@@ -107,9 +107,12 @@ def stack(tree: Mapping, n: int, copy: bool = True) -> Tree:
     models handed straight to ``Context.train``, which copies what it trains: a cohort's
     stacked copy less at the round's peak (133 MB for W2's 20 CNNs, 0.9 GB for W5's
     ResNet-18s). Writing into such a view raises."""
-    if not copy:
-        return tree_map(lambda v: v.detach().unsqueeze(0).expand(n, *v.shape), tree)
-    return tree_map(lambda v: v.detach().unsqueeze(0).expand(n, *v.shape).clone(), tree)
+
+    def repeat(v: Tensor) -> Tensor:
+        view = v.detach().unsqueeze(0).expand(n, *v.shape)
+        return view.clone() if copy else view
+
+    return tree_map(repeat, tree)
 
 
 def take(tree: Mapping, index: Tensor | slice | int) -> Tree:
