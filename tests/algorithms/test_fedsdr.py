@@ -234,3 +234,18 @@ def test_fedsdr_worst_case_above_fedavg_on_small_cmnist():
     assert m["average"] >= 54.0  # reads the digit, not a constant
     per_env = list(m["per_env"].values())
     assert max(per_env) - min(per_env) <= 10.0  # flat over p_te: not reading the colour
+
+
+@pytest.mark.parametrize("algorithm", ["fedsdr", "fedsdr-fedavg", "fedsdr-pfedme"])
+def test_fedsdr_records_stage_one_clamp_every_round(algorithm):
+    """Each round's record carries λ·ℓ_dis of the participants' final stage-1 models (median)
+    and the share of them below α_th, so a run shows when −min(α_th, λ·ℓ_dis) passes no
+    gradient. With α_th = 0 the clamp passes nothing: λ then leaves training unchanged and
+    the recorded value is exactly λ times ℓ_dis."""
+    one = run(algorithm, {"alpha_th": 0.0, "lambda_": 1.0, "personal_epochs": 1})
+    two = run(algorithm, {"alpha_th": 0.0, "lambda_": 2.0, "personal_epochs": 1})
+    for a, b in zip(one.result.rounds, two.result.rounds, strict=True):
+        assert a.extras["lambda_dis"] > 0.0 and a.extras["clamp_open"] == 0.0
+        assert b.extras["lambda_dis"] == 2 * a.extras["lambda_dis"]
+    wide = run(algorithm, {"alpha_th": 1e9, "personal_epochs": 1})
+    assert [r.extras["clamp_open"] for r in wide.result.rounds] == [100.0] * len(wide.result.rounds)

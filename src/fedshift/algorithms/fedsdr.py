@@ -20,6 +20,11 @@ Requires environment ids in the training split (the method's known limitation).
 Defaults: λ = 0.5, γ = 1e4 (CMNIST/CFMNIST; 1.4 on WaterBirds), K = 10 (thesis §4.5.2).
 Not given by the thesis, ours: α_th = 1.
 γ = 0 makes f_u plain local ERM; λ = 0 makes Ψ an ERM model.
+Recorded each round (a per-sample Ψ): ``lambda_dis``, the median over participants of
+λ·ℓ_dis of their final Ψ and ω_e on their training rows, and ``clamp_open``, the % of
+participants for which it ends below α_th. At or above α_th the clamp passes no gradient
+and stage 1 trains Ψ as ERM — what happens on CMNIST at every α_th tried
+(docs/results/fedsdr-cmnist8-stage1).
 For an MLP, ℓ_SD's and ℓ_SR's (moment estimator) gradients are written out, as the
 environment classifiers' are (tested against autograd; the same numbers to float rounding);
 for a per-sample Ψ (features computed once per iteration) the environment classifiers' K
@@ -304,6 +309,7 @@ class ShortcutDiscovery(SignatureView):
         buffers = stack(sd_b, n)
         iterations = self.ctx.local_epochs or 1
         per_iter = {"epochs": 1} if self.ctx.local_epochs else {"steps": self.ctx.local_steps}
+        z = None
         for r in range(iterations):
             out = self.ctx.train(
                 self.sd_loss,
@@ -315,13 +321,30 @@ class ShortcutDiscovery(SignatureView):
                 **per_iter,
             )
             params, buffers = out.params, out.buffers
-            params = {**params, **self.train_environments(params, buffers, cohort, r)}
+            env, z = self.train_environments(params, buffers, cohort, r)
+            params = {**params, **env}
         model_p = {k: v for k, v in params.items() if k not in ENV}
-        return {"sd": model_state(model_p, buffers), **{k: params[k] for k in ENV}, **stats}
+        upload = {"sd": model_state(model_p, buffers), **{k: params[k] for k in ENV}, **stats}
+        if z is not None:  # a per-sample Ψ: its features of every row are at hand
+            upload["lambda_dis"] = self.clamped_disagreement(params, z, cohort)
+        return upload
 
-    def train_environments(self, params: Tree, buffers: Tree, cohort, r: int) -> Tree:
+    def clamped_disagreement(self, params: Tree, z, cohort):
+        """[C] λ·ℓ_dis of each client's final Ψ and environment classifiers on its training
+        rows, the quantity ℓ_SD clamps at α_th: at or above it, −min(α_th, λ·ℓ_dis) passes no
+        gradient to Ψ and stage 1 is plain ERM (docs/results/fedsdr-cmnist8-stage1).
+        Recorded per round, not used by the method."""
+        split, out = self.ctx.data.train, []
+        for j, cid in enumerate(cohort.ids.tolist()):
+            rows = z[int(split.offsets[cid]) : int(split.offsets[cid + 1])]
+            logits = self.env_logits({k: params[k][j] for k in ENV}, rows)
+            out.append(environment_disagreement(logits, rows.new_ones(rows.shape[0])))
+        return self.hp.lambda_ * torch.stack(out)
+
+    def train_environments(self, params: Tree, buffers: Tree, cohort, r: int):
         """Alg. 2 line 12: the environment classifiers on Ψ's features, Ψ fixed; for a
-        per-sample Ψ the features are computed once, not at each of the K epochs' steps."""
+        per-sample Ψ the features are computed once, not at each of the K epochs' steps.
+        Returns the classifiers and those features ([M, d], None for a batch-norm Ψ)."""
         epochs = self.hp.env_epochs or self.hp.personal_epochs
         purpose = f"fedsdr/env{r}"
         if not self.per_sample():
@@ -329,13 +352,12 @@ class ShortcutDiscovery(SignatureView):
                 self.env_loss, params, buffers, cohort, purpose, epochs=epochs,
                 trainable=lambda k: k in ENV,
             )  # fmt: skip
-            return {k: out.params[k] for k in ENV}
+            return {k: out.params[k] for k in ENV}, None
         psi = {k: v for k, v in params.items() if k not in ENV}
         z = client_rows(self.ctx, lambda p, _, x: features(self.ctx.model, p, {}, x), cohort, psi)
         env = {k: params[k] for k in ENV}
-        return self.ctx.train(
-            self.env_risk, env, {}, cohort, purpose, epochs=epochs, inputs=z
-        ).params
+        trained = self.ctx.train(self.env_risk, env, {}, cohort, purpose, epochs=epochs, inputs=z)
+        return trained.params, z
 
     def discovery_aggregate(self, server: Tree, uploads: Tree, info: RoundInfo) -> Tree:
         out = dict(server)
@@ -357,6 +379,10 @@ class ShortcutDiscovery(SignatureView):
             seen = (rho.sum(0) > 0).to(up.device).view((e,) + (1,) * (up.dim() - 2))
             out[k] = torch.where(seen, mean, server[k])  # Alg. 2 line 19
         self.signature_aggregate(out, uploads, info)
+        if "lambda_dis" in uploads:  # stage 1's clamp, as the participants ended it
+            scaled = uploads["lambda_dis"].detach().double().cpu()
+            info.log["lambda_dis"] = float(scaled.median())
+            info.log["clamp_open"] = 100.0 * float((scaled < self.hp.alpha_th).double().mean())
         return out
 
 
