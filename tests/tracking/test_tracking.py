@@ -167,3 +167,21 @@ def test_a_tracker_that_fails_mid_run_is_dropped_and_training_goes_on(tmp_path, 
     with pytest.warns(RuntimeWarning, match="tracking to TensorBoard stopped.*disk full"):
         out = fs.run(algorithm="fedavg", data=toy_data(), db=db, tracking="tensorboard", **SETTINGS)
     assert RunStore(db).run(out.run_id)["status"] == "done"
+
+
+def test_a_methods_numeric_round_extras_reach_the_trackers(tmp_path):
+    """DRFA records its largest mixing weight each round; TensorBoard gets it as
+    ``extras/lambda_max`` at every round, equal to the stored one (lists and maps are left out)."""
+    from fedshift.tracking.sink import round_scalars
+
+    mixed = {"round": 1, "extras": {"n": 2, "x": 0.5, "flag": True, "ids": [1], "m": {"a": 1}}}
+    assert {k: v for k, v in round_scalars(mixed).items() if k.startswith("extras/")} == {
+        "extras/n": 2.0,
+        "extras/x": 0.5,
+    }
+    db = tmp_path / "runs.db"
+    out = fs.run(algorithm="drfa", data=toy_data(), db=db, tracking="tensorboard", **SETTINGS)
+    stored = [r["extras"]["lambda_max"] for r in RunStore(db).run(out.run_id)["round_metrics"]]
+    _, acc = tensorboard_run(tmp_path)
+    assert steps(acc.Scalars("extras/lambda_max")) == [1, 2, 3, 4, 5]
+    assert [e.value for e in acc.Scalars("extras/lambda_max")] == pytest.approx(stored)

@@ -13,11 +13,22 @@ SUMMARY_KEYS = ("worst", "average", "worst_client")
 
 def round_scalars(record: dict[str, Any]) -> dict[str, float]:
     """A stored round (or a ``RoundRecord``'s fields) as the trackers' scalars: the names
-    of ``fs.load_rounds``, with ``per_env/<env>`` for each test environment (accuracy %)."""
+    of ``fs.load_rounds``, with ``per_env/<env>`` for each test environment (accuracy %) and
+    ``extras/<name>`` for each number a method records in the round's extras."""
     metrics = record.get("metrics") or {}
     out = {k: record.get(k) for k in ROUND_KEYS}
     out.update({k: metrics.get(k) for k in SUMMARY_KEYS})
     out.update({f"per_env/{e}": v for e, v in (metrics.get("per_env") or {}).items()})
+    # a method's own per-round figures (FedSDR's clamp, DRFA's largest λ …): the numbers
+    # only, not lists, maps or flags
+    extras = record.get("extras") or {}
+    out.update(
+        {
+            f"extras/{k}": v
+            for k, v in extras.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+    )
     return {k: float(v) for k, v in out.items() if v is not None}
 
 
