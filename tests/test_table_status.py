@@ -5,6 +5,7 @@ them, with nothing trained."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from test_reproduce import TWO
@@ -47,11 +48,29 @@ def test_status_names_each_run_done_stopped_or_not_started(stopped_table):
     # two FedAvg rounds left at the finished FedAvg run's pace; FedProx has no pace yet
     per_round = stored[done["run_id"]]["time_s"] / 4
     assert got["left_s"] == pytest.approx(2 * per_round)
-    assert got["unpaced"] == ["FedProx"]
+    assert got["unpaced"] == ["FedProx"] and got["paced_by_rounds"] == []
     # other settings are other runs: nothing of them is in the store
     other = table_status(str(path), db=db, extra={"lr": 0.2})
     assert {r["state"] for r in other["runs"]} == {"not started"}
     assert len(RunStore(db).runs()) == len(stored)  # nothing trained
+
+
+def test_status_paces_a_method_with_no_finished_run_by_its_logged_rounds(tmp_path, monkeypatch):
+    path = tmp_path / "two.toml"
+    path.write_text(TWO.replace("rounds = 2", "rounds = 4\ncheckpoint_every = 1"))
+    db = tmp_path / "runs.db"
+    with power_cut_at(monkeypatch, call=3), pytest.raises(RuntimeError):  # FedAvg seed 0, round 3
+        reproduce(str(path), db=db, out_dir=tmp_path / "a", extra={"threads": 1})
+    got = table_status(str(path), db=db)
+    stopped = got["runs"][0]
+    assert (stopped["state"], stopped["rounds_done"]) == ("failed", 2)
+    logged = RunStore(db).round_seconds([stopped["run_id"]])[stopped["run_id"]]
+    assert len(logged) == 2 and all(t > 0 for t in logged)
+    # seed 0's two rounds left and seed 1's four, at the median of the two logged rounds
+    assert got["left_s"] == pytest.approx(6 * statistics.median(logged))
+    assert got["paced_by_rounds"] == ["FedAvg"] and got["unpaced"] == ["FedProx"]
+    res = CliRunner().invoke(app, ["reproduce", str(path), "--db", str(db), "--status"])
+    assert "FedAvg: at the median logged round of runs not yet finished" in res.stderr
 
 
 def test_status_cli_prints_the_runs_and_a_json_summary(stopped_table, tmp_path):

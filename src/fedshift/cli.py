@@ -1103,6 +1103,9 @@ def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, j
     counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())
     unpaced = ", ".join(result["unpaced"])
     left = f"about {result['left_s'] / 3600:.1f} h of one process left at the finished runs' pace"
+    if result.get("paced_by_rounds"):
+        paced = ", ".join(result["paced_by_rounds"])
+        left += f" ({paced}: at the median logged round of runs not yet finished)"
     if result["unpaced"]:
         left = (
             f"{left}, plus {unpaced} (no finished run to pace them)"

@@ -4,20 +4,23 @@ A paper-scale table runs for many hours, across sessions and processes (``--resu
 This reads the store, trains nothing and loads no data, and says run by run which of the
 table's runs are done (with the table's metrics and the degeneracy check), which are
 running or stopped (rounds done of rounds), and which have not started, with what is left
-at the pace of the method's finished runs. The runs are the ones ``reproduce`` would make
-with the same arguments (``reproduce.method_runs``), matched as ``--resume`` matches them
-(``jobs.config_identity``: the machine's keys, such as threads, aside).
+at the pace of the method's finished runs, or, for a method none of whose runs has finished,
+at the median round of its running and stopped runs so far. The runs are the ones
+``reproduce`` would make with the same arguments (``reproduce.method_runs``), matched as
+``--resume`` matches them (``jobs.config_identity``: the machine's keys, such as threads,
+aside).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any
 
 from .jobs import config_identity, runs_by_config
 from .reproduce import method_runs, plan_table
+from .results.store import RunStore
 from .tables import load_table, select_methods
 
 STOPPED = ("interrupted", "failed", "diverged")
@@ -31,6 +34,17 @@ def _current(runs: list[dict]) -> dict | None:
         if found:
             return found[-1]
     return None
+
+
+def _partial_pace(db: str | Path, rows: list[dict]) -> dict[str, float]:
+    """Seconds per round of each method that has no finished run: the median of the rounds
+    its running and stopped runs have logged (none for a method with no logged round)."""
+    ids = [r["run_id"] for r in rows if r["run_id"] and r["rounds_done"]]
+    logged = RunStore(db).round_seconds(ids) if ids else {}
+    pooled: dict[str, list[float]] = {}
+    for row in rows:
+        pooled.setdefault(row["method"], []).extend(logged.get(row["run_id"], []))
+    return {method: median(times) for method, times in pooled.items() if times}
 
 
 def table_status(
@@ -47,7 +61,9 @@ def table_status(
 ) -> dict:
     """One row per planned run (method, seed, sweep value), its state and figures, and the
     counts; ``left_s``: seconds of one process still to run, from each method's finished
-    runs' seconds per round (methods without one are listed in ``unpaced``)."""
+    runs' seconds per round, else from the median logged round of its unfinished runs
+    (methods paced so are listed in ``paced_by_rounds``; those with neither, in
+    ``unpaced``)."""
     table = select_methods(load_table(source), methods)
     plan = plan_table(
         table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
@@ -78,14 +94,17 @@ def table_status(
     for row in rows:
         if row["state"] == "done" and row["time_s"] and row["rounds"]:
             pace.setdefault(row["method"], []).append(row["time_s"] / row["rounds"])
+    partial = _partial_pace(db, [r for r in rows if r["method"] not in pace])
     left, unpaced = 0.0, []
     for row in rows:
         if row["state"] == "done":
             continue
-        if row["method"] in pace:
-            left += mean(pace[row["method"]]) * (row["rounds"] - row["rounds_done"])
-        elif row["method"] not in unpaced:
-            unpaced.append(row["method"])
+        method = row["method"]
+        per_round = mean(pace[method]) if method in pace else partial.get(method)
+        if per_round is not None:
+            left += per_round * (row["rounds"] - row["rounds_done"])
+        elif method not in unpaced:
+            unpaced.append(method)
     return {
         "table": table.id,
         "db": str(db),
@@ -96,5 +115,6 @@ def table_status(
         "counts": dict(Counter(row["state"] for row in rows)),
         "left_s": left,
         "unpaced": unpaced,
+        "paced_by_rounds": list(partial),
         "skipped": plan.skipped,
     }

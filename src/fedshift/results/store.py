@@ -385,6 +385,22 @@ class RunStore:
             rows = conn.execute("SELECT * FROM runs ORDER BY created, rowid").fetchall()
         return [self._row(r) for r in rows]
 
+    def round_seconds(self, run_ids: list[str]) -> dict[str, list[float]]:
+        """Each run's recorded seconds per round, in round order (a run still training has
+        the rounds it has logged): the pace of a run that has not finished."""
+        if not run_ids:
+            return {}
+        marks = ",".join("?" * len(run_ids))
+        with closing(self._connect()) as conn:
+            rows = conn.execute(
+                f"SELECT run_id, time_s FROM rounds WHERE run_id IN ({marks}) ORDER BY round",
+                list(run_ids),
+            ).fetchall()
+        out: dict[str, list[float]] = {r: [] for r in run_ids}
+        for run_id, seconds in rows:
+            out[run_id].append(float(seconds))
+        return out
+
     def resolve(self, ref: str) -> str:
         """The full id of the one run whose id is ``ref`` or starts with it, so that any
         unique prefix of an id names the run, as with git commits."""
