@@ -34,6 +34,11 @@ def test_an_exported_run_imports_into_a_fresh_store_as_it_was(tmp_path):
         assert a[key] == b[key], key
     assert [r["loss"] for r in a["round_metrics"]] == [r["loss"] for r in b["round_metrics"]]
     assert b["environment"]["imported"][-1]["from"] == path.name
+    # exported again from the store it went into, it is the same file (a resumed table
+    # re-exports the runs it reuses: committed evidence must not churn)
+    before = path.read_bytes()
+    export_runs(fresh, [run.run_id], tmp_path / "out")
+    assert path.read_bytes() == before
     # importing again is harmless; a different run under the same id is refused
     assert import_runs(fresh, [path])[0]["action"] == "present"
     record = json.loads(path.read_text())

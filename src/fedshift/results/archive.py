@@ -84,6 +84,11 @@ def _raw(store: RunStore, run_id: str) -> dict[str, Any]:
     accuracy = sorted(row.pop("client_accuracy"), key=lambda r: (r["split"], r["client"], r["env"]))
     row["grp"] = row.pop("group")
     row["overrides"] = row["overrides"] or None
+    if row["environment"] and "imported" in row["environment"]:
+        # the store's note of the file it came from: a fact about that store, not the run,
+        # so re-exporting an imported run (a resumed table's reused runs) rewrites its
+        # committed file unchanged
+        row["environment"] = {k: v for k, v in row["environment"].items() if k != "imported"}
     return {
         "format": FORMAT,
         "version": VERSION,
