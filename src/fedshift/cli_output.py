@@ -5,16 +5,30 @@ other's command module)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-# no ":name:" emoji codes: user text (keys, values, paths) is printed as written, and
-# markup in it is escaped (rich.markup.escape) wherever it is interpolated
-err = Console(stderr=True, emoji=False)
-out = Console(emoji=False)
+# Written to a file or a pipe (a log of a long table), rich would wrap every table at 80
+# columns and cut run ids, methods and states to "…"; there a table takes the width it
+# needs (up to LOG_WIDTH). A terminal, or COLUMNS when set, keeps its own width.
+LOG_WIDTH = 200
+
+
+def _console(stderr: bool) -> Console:
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not (hasattr(stream, "isatty") and stream.isatty())
+    width = LOG_WIDTH if piped and "COLUMNS" not in os.environ else None
+    # no ":name:" emoji codes: user text (keys, values, paths) is printed as written, and
+    # markup in it is escaped (rich.markup.escape) wherever it is interpolated
+    return Console(stderr=stderr, emoji=False, width=width)
+
+
+err = _console(stderr=True)
+out = _console(stderr=False)
 
 
 def print_json(obj) -> None:
