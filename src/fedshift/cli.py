@@ -3,17 +3,15 @@ scripts rely on (checked by ``shared/tools/contract-smoke``): keep them stable."
 
 from __future__ import annotations
 
-import errno
 import functools
-import sqlite3
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich import box
 from rich.markup import escape
 from rich.table import Table
 
+from .cli_errors import user_errors
 from .cli_once import OnceCommand
 from .cli_options import (  # noqa: F401  (fedshift.cli names)
     DataDirOption,
@@ -39,9 +37,11 @@ from .cli_output import (  # noqa: F401
     progress_bar,
     summary_table,
 )
-from .errors import Diverged, FedshiftError, RunStopped
+from .cli_reproduce import reproduce
+from .cli_store import export_, import_, rescore, runs, show
+from .errors import FedshiftError
 from .flower.cli import app as flower_app
-from .results.store import DEFAULT_DB, lock_error
+from .results.store import DEFAULT_DB
 
 app = typer.Typer(
     add_completion=False,
@@ -53,7 +53,6 @@ app = typer.Typer(
 app.add_typer(flower_app, name="flower")  # fedshift flower run … (Flower imported when run)
 data_app = typer.Typer(no_args_is_help=True, help="Prepare dataset folders from raw files.")
 app.add_typer(data_app, name="data")  # fedshift data build-waterbirds …
-RUN_ID_WIDTH = 10  # the store's ids: 10 hex digits, shown whole so they can be copied
 
 
 def _print_version(value: bool) -> None:
@@ -74,73 +73,6 @@ def _options(
     ] = False,
 ) -> None:
     """Options of ``fedshift`` itself (before the command)."""
-
-
-def user_errors(fn):
-    """Bad input → one line on stderr and exit code 2, never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Diverged as e:
-            hint = f" ({e.hint})" if e.hint else ""
-            err.print(
-                f"[red]diverged:[/red] {escape(f'{e}{hint}')}", highlight=False, soft_wrap=True
-            )
-            raise typer.Exit(3) from None
-        except FedshiftError as e:
-            err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except RunStopped as e:
-            hint = getattr(e, "hint", "")
-            err.print(
-                f"stopped after round {e.rounds_done}; a checkpoint was written; {escape(hint)}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            raise typer.Exit(130) from None
-        except KeyboardInterrupt:
-            err.print("interrupted; the run store keeps the rounds finished so far")
-            raise typer.Exit(130) from None
-        except sqlite3.DatabaseError as e:  # damaged, locked or read-only store
-            err.print(f"[red]error:[/red] {store_sentence(e)}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-        except OSError as e:
-            if e.filename is None:  # not about a path the user gave: a real fault
-                raise
-            err.print(f"[red]error:[/red] {path_sentence(e)}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper
-
-
-def store_sentence(e: sqlite3.DatabaseError) -> str:
-    """What is wrong with a run store SQLite could not use, and what to do (markup-safe)."""
-    text = str(e)
-    if lock_error(e):
-        return (
-            "the run store is locked by another process (waited 30 s); try again when it has "
-            "finished, or give another --db"
-        )
-    if "readonly" in text:
-        return "the run store is read-only here; give a --db you can write to"
-    return (
-        f"the run store cannot be read: {escape(text)}; restore it from a copy or give another --db"
-    )
-
-
-def path_sentence(e: OSError) -> str:
-    """An OSError about a user's path (too long, below a file, read-only, full) as one
-    sentence naming the path (markup-safe)."""
-    name = str(e.filename)
-    shown = escape(repr(name if len(name) <= 60 else f"{name[:40]}…{name[-15:]}"))
-    if e.errno == errno.ENAMETOOLONG:
-        return (
-            f"file name too long: {shown} ({len(name)} characters); the file system allows "
-            "255 bytes per name"
-        )
-    return f"cannot use {shown}: {escape(e.strerror or str(e))}"
 
 
 @app.command(cls=OnceCommand)
@@ -384,275 +316,12 @@ def _list_presets(items: list[dict]) -> None:
     out.print(table)
 
 
-def _resumable(db: Path, run: dict) -> bool:
-    """Whether ``--resume`` can continue (or repair) a run: unfinished, or done without
-    final metrics, with a checkpoint; a run id of a foreign format names no checkpoint."""
-    from .results.store import RUN_ID, checkpoint_path
-
-    unfinished = run["status"] != "done" or not run["metrics"]
-    if not unfinished or not RUN_ID.fullmatch(str(run["run_id"])):
-        return False
-    return checkpoint_path(db, run["run_id"]).exists()
-
-
-RUNS_FIXED = ("run_id", "status", "algorithm", "scenario", "seed", "rounds")
-MAX_VARYING = 6  # more varying keys than this go to the caption (narrow with --where)
-
-
-@app.command(cls=OnceCommand)
-@user_errors
-def runs(
-    db: DbOption = DEFAULT_DB,
-    where: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="keep runs whose config key (or status) has this value: key=value (repeatable)"
-        ),
-    ] = None,
-    prune: Annotated[
-        bool,
-        typer.Option(
-            help="delete the checkpoints of the listed runs that are done (never of interrupted,"
-            " failed or running ones)"
-        ),
-    ] = False,
-    dry_run: Annotated[
-        bool, typer.Option(help="with --prune: name the checkpoints, delete nothing")
-    ] = False,
-    group: Annotated[
-        str | None,
-        typer.Option(
-            help="keep the runs one command started together: a group id or its prefix "
-            "(seeds-…, sweep-…, table-…; shown in the group column and the commands' --json)"
-        ),
-    ] = None,
-    sweep: Annotated[
-        str | None, typer.Option(help="keep one sweep's runs: its id, with or without sweep-")
-    ] = None,
-    json_: Annotated[bool, typer.Option("--json", help="print one JSON line")] = False,
-) -> None:
-    """List the runs recorded in the run store, with the config keys that tell them apart."""
-    from .results.select import matches, parse_where, varying_keys
-    from .results.store import RunStore
-
-    if not db.exists():
-        raise FedshiftError(f"no run store at {str(db)!r}; run `fedshift run` first or pass --db")
-    if dry_run and not prune:
-        raise FedshiftError("--dry-run goes with --prune (it shows what --prune would delete)")
-    if group and sweep:
-        raise FedshiftError("give --group or --sweep, not both (a sweep is a group)")
-    if sweep:
-        group = sweep if sweep.startswith("sweep-") else f"sweep-{sweep}"
-    stored = RunStore(db).runs()
-    conditions = parse_where(where or [], stored)
-    selected = [r for r in stored if matches(r, conditions)]
-    if group:
-        selected = [r for r in selected if (r["group"] or "").startswith(group)]
-    if prune:
-        return _prune(db, selected, dry_run, json_)
-    rows = [
-        {
-            "run_id": r["run_id"],
-            "status": r["status"],
-            "algorithm": r["algorithm"],
-            "scenario": r["scenario"],
-            "seed": r["seed"],
-            "rounds": r["rounds"],
-            "rounds_done": r["rounds_done"],
-            "resumable": _resumable(db, r),
-            "created": r["created"],
-            "metrics": {
-                k: (r["metrics"] or {}).get(k)
-                for k in ("worst", "average", "worst_client", "degenerate")
-            },
-            "config": r["config"],
-            "group": r["group"],
-        }
-        for r in selected
-    ]
-    if json_:
-        print_json(rows)
-        return
-    varying = varying_keys(selected, skip=RUNS_FIXED)
-    shown = varying[:MAX_VARYING]
-    # every cell, header and the title carry user text (paths, keys, values): escaped,
-    # so "[/red]" in a --set value prints as written instead of raising a markup error
-    title = escape(f"runs in {db}" + (f" where {', '.join(where or [])}" if where else ""))
-    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-    table.add_column("run_id", no_wrap=True, min_width=RUN_ID_WIDTH)  # never cut: it is copied
-    for c in RUNS_FIXED[1:]:
-        table.add_column(c)
-    grouped = any(r["group"] for r in rows)
-    if grouped:
-        table.add_column("group", no_wrap=True)
-    for k in shown:
-        table.add_column(escape(k))
-    for c in ("worst", "average"):
-        table.add_column(c)
-    for r in rows:
-        config = r["config"] or {}
-        table.add_row(
-            r["run_id"],
-            r["status"],
-            escape(str(r["algorithm"])),
-            escape(str(r["scenario"])),
-            str(r["seed"]),
-            f"{r['rounds_done']}/{r['rounds']}",
-            *([r["group"] or "—"] if grouped else []),
-            *[escape(str(config[k])) if k in config else "—" for k in shown],
-            fmt(r["metrics"]["worst"]) + (" †" if r["metrics"]["degenerate"] else ""),
-            fmt(r["metrics"]["average"]),
-        )
-    notes = []
-    if len(varying) > len(shown):
-        also = escape(", ".join(varying[len(shown) :]))
-        notes.append(f"also varying: {also} (narrow with --where)")
-    if any(r["metrics"]["degenerate"] for r in rows):
-        notes.append("† degenerate: its accuracies are no result (fedshift show RUN_ID says why)")
-    if notes:
-        table.caption = "\n".join(notes)
-    if not rows:
-        table.caption = "no run matches" if where or group else "the store holds no runs"
-    out.print(table)
-
-
-def _prune(db: Path, runs: list[dict], dry_run: bool, json_: bool) -> None:
-    from .results.prune import prune
-
-    pruned = prune(db, runs, dry_run)
-    total = sum(size for _, _, size in pruned)
-    verb = "would delete" if dry_run else "deleted"
-    for run_id, path, size in pruned:
-        err.print(f"{verb} {path} ({size / 1e6:.1f} MB, run {run_id})", highlight=False)
-    (err if json_ else out).print(
-        f"{verb} {len(pruned)} checkpoint(s) of finished runs, {total / 1e6:.1f} MB",
-        highlight=False,
-    )
-    if json_:
-        files = [{"run_id": r, "path": str(p), "bytes": n} for r, p, n in pruned]
-        print_json({"dry_run": dry_run, "checkpoints": files, "bytes": total})
-
-
-@app.command(cls=OnceCommand)
-@user_errors
-def show(
-    run_id: Annotated[str, typer.Argument(help="a run id or a unique prefix of one")],
-    db: DbOption = DEFAULT_DB,
-    all_rounds: Annotated[
-        bool, typer.Option(help="every stored round, not only the evaluated ones")
-    ] = False,
-    json_: Annotated[
-        bool, typer.Option("--json", help="print everything stored about the run as one JSON line")
-    ] = False,
-) -> None:
-    """One run in full: status, every config key, final accuracies and the training curve."""
-    from .results.show import config_table, curve_table, header
-    from .results.store import RunStore
-
-    if not db.exists():
-        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the run was recorded in")
-    record = RunStore(db).run(run_id)
-    record["resumable"] = _resumable(db, record)
-    if json_:
-        print_json(record)
-        return
-    out.print(header(record), highlight=False, soft_wrap=True)
-    out.print(config_table(record))
-    if record["metrics"]:
-        out.print(summary_table("final accuracy %", [(record["algorithm"], record["metrics"])]))
-    else:
-        out.print(f"no final metrics ({record['status']}); resumable: {record['resumable']}")
-    out.print(curve_table(record, all_rounds))
-
-
-@app.command(cls=OnceCommand)
-@user_errors
-def rescore(
-    run_ids: Annotated[list[str], typer.Argument(help="finished run ids (or unique prefixes)")],
-    db: DbOption = DEFAULT_DB,
-    data_dir: DataDirOption = None,
-    json_: JsonOption = False,
-) -> None:
-    """Re-evaluate finished runs from their final checkpoints under the current degeneracy
-    rules and store the new metrics (only where the stored accuracies are reproduced)."""
-    from .rescore import rescore as rescore_runs
-
-    if not db.exists():
-        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
-    rows = rescore_runs(db, run_ids, data_dir)
-    if json_:
-        print_json({"rescored": rows})
-        return
-    for r in rows:
-        verdict = "degenerate" if r["degenerate"] else "not degenerate"
-        was = " (was not)" if r["degenerate"] and not r["degenerate_before"] else ""
-        why = f": {r['degenerate_why']}" if r["degenerate"] else ""
-        out.print(f"{r['run_id']}  {r['algorithm']}  {verdict}{was}{why}", highlight=False)
-
-
-@app.command("export", cls=OnceCommand)
-@user_errors
-def export_(
-    run_ids: Annotated[
-        list[str] | None, typer.Argument(help="finished run ids (or unique prefixes)")
-    ] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="folder for the run files")] = Path(
-        "exported-runs"
-    ),
-    group: Annotated[
-        str | None,
-        typer.Option(help="also every finished or diverged run of this group (id or prefix)"),
-    ] = None,
-    db: DbOption = DEFAULT_DB,
-    json_: JsonOption = False,
-) -> None:
-    """Write finished runs as files (one JSON each: config, rounds, per-client accuracies;
-    no checkpoint) to keep, commit or share; `fedshift import` reads them back."""
-    from .results.archive import EXPORTABLE, export_runs
-    from .results.store import RunStore
-
-    if not db.exists():
-        raise FedshiftError(f"no run store at {str(db)!r}; pass the --db the runs were recorded in")
-    refs = list(run_ids or [])
-    if group:
-        found = [r for r in RunStore(db).runs() if (r["group"] or "").startswith(group)]
-        if not found:
-            raise FedshiftError(f"no run of group {group!r} in {str(db)!r} (see `fedshift runs`)")
-        kept = [r["run_id"] for r in found if r["status"] in EXPORTABLE and r["metrics"]]
-        if len(kept) < len(found):
-            err.print(
-                f"group {escape(group)}: {len(found) - len(kept)} unfinished run(s) not exported",
-                highlight=False,
-            )
-        refs += [r for r in kept if r not in refs]
-    if not refs:
-        raise FedshiftError("name the runs to export: run ids, or --group")
-    paths = export_runs(db, refs, out_dir)
-    if json_:
-        print_json({"exported": [str(p) for p in paths]})
-        return
-    err.print(f"wrote {len(paths)} run file(s) to {escape(str(out_dir))}", highlight=False)
-
-
-@app.command("import", cls=OnceCommand)
-@user_errors
-def import_(
-    files: Annotated[
-        list[Path], typer.Argument(help="run files written by `fedshift export`, or folders")
-    ],
-    db: DbOption = DEFAULT_DB,
-    json_: JsonOption = False,
-) -> None:
-    """Put exported runs into a run store, where report, compare, show and `--resume` (of
-    reproduce and sweep) find them as if they had run there."""
-    from .results.archive import import_runs
-
-    rows = import_runs(db, files)
-    if json_:
-        print_json({"imported": rows})
-        return
-    for r in rows:
-        out.print(f"{r['run_id']}  {r['algorithm']}  {r['action']}", highlight=False)
+# the run store's commands (cli_store.py), where the help lists them
+app.command(cls=OnceCommand)(runs)
+app.command(cls=OnceCommand)(show)
+app.command(cls=OnceCommand)(rescore)
+app.command("export", cls=OnceCommand)(export_)
+app.command("import", cls=OnceCommand)(import_)
 
 
 @app.command(cls=OnceCommand)
@@ -836,118 +505,7 @@ def demo(
     out.print(f"plot written to {escape(str(plot))}")
 
 
-@app.command(cls=OnceCommand)
-@user_errors
-def reproduce(
-    table: Annotated[str, typer.Argument(help="table id (fedshift list presets) or TOML file")],
-    seeds: Annotated[
-        int | None, typer.Option(help="seeds per method (default: the table's)")
-    ] = None,
-    first_seed: Annotated[
-        int,
-        typer.Option(
-            help="run seeds first-seed … first-seed + seeds − 1 (fresh seeds after a selection)"
-        ),
-    ] = 0,
-    rounds: Annotated[int | None, typer.Option(help="override the table's rounds")] = None,
-    quick: Annotated[
-        bool, typer.Option(help="smoke-sized run: the table's [quick] settings")
-    ] = False,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option("--set", "-s", help="override a config key of every method: key=value"),
-    ] = None,
-    methods: Annotated[
-        str | None,
-        typer.Option(help="run only these methods: names or algorithms, comma-separated"),
-    ] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
-    db: DbOption = DEFAULT_DB,
-    json_: JsonOption = False,
-    skip_missing: Annotated[
-        bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")
-    ] = False,
-    device: DeviceOption = None,
-    data_dir: DataDirOption = None,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            help="reuse the store's finished runs of the same configuration and continue "
-            "its stopped ones from their checkpoints (a long table across sessions)"
-        ),
-    ] = False,
-    export_to: ExportOption = None,
-    imports: ImportOption = None,
-    estimate: Annotated[
-        bool,
-        typer.Option(
-            help="run nothing to the end: time a few rounds of each method at the table's "
-            "scale and print the estimated wall time of the whole table on this machine"
-        ),
-    ] = False,
-    status: Annotated[
-        bool,
-        typer.Option(
-            help="train nothing: say which of the table's runs the store holds done (with "
-            "their figures), running or stopped, and which have not started"
-        ),
-    ] = False,
-) -> None:
-    """Re-run a paper table: every method, same partitions, K seeds; report beside the
-    published numbers with the ordering compared."""
-    from .config import add_options, parse_set
-    from .reproduce import reproduce as reproduce_table
-
-    given = {"device": device, "data_dir": data_dir, "imports": import_first(imports)}
-    extra = add_options(parse_set(set_ or []), given)
-    add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
-    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
-    if estimate and status:
-        raise FedshiftError("--estimate times the table and --status reads the store: pick one")
-    if estimate:
-        _estimate(table, seeds, rounds, quick, extra, chosen, json_)
-        return
-    if status:
-        _status(table, db, seeds, first_seed, rounds, quick, extra, chosen, skip_missing, json_)
-        return
-
-    result = reproduce_table(
-        table,
-        seeds=seeds,
-        rounds=rounds,
-        quick=quick,
-        out_dir=out_dir,
-        db=db,
-        skip_missing=skip_missing,
-        extra=extra,
-        progress=progress_bar,
-        methods=chosen,
-        resume=resume,
-        first_seed=first_seed,
-        export_to=export_to,
-    )
-    metrics = list(result["comparison"])
-    rows = Table(title=f"{result['table']}: published / ours (accuracy %)")
-    rows.add_column("method")
-    for m in metrics:
-        rows.add_column(m, justify="right")
-    for r in result["methods"]:
-        cells = []
-        for m in metrics:
-            pub, ours, sd = r["published"].get(m), r["ours"][m], r["ours_std"][m]
-            spread = "" if sd is None else f" ± {fmt(sd)}"
-            cells.append(f"{fmt(pub)} / {fmt(ours)}{spread}")
-        rows.add_row(escape(r["name"]) + (" †degenerate" if r["degenerate"] else ""), *cells)
-    (err if json_ else out).print(rows)
-    for m, c in result["comparison"].items():
-        rho = "—" if c["spearman"] is None else f"{c['spearman']:.2f}"
-        err.print(
-            f"{m}: Spearman {rho} (non-degenerate methods); published gaps held beyond seed "
-            f"noise {c['gaps_held']}/{len(c['gaps'])}"
-        )
-    err.print(f"report written to {escape(str(result['report']))}")
-    if json_:
-        print_json(result)
+app.command(cls=OnceCommand)(reproduce)  # cli_reproduce.py
 
 
 @data_app.command("build-waterbirds", cls=OnceCommand)
@@ -1026,99 +584,6 @@ def export_partition(
                 "indices": sizes,
             }
         )
-
-
-def _estimate(table, seeds, rounds, quick, extra, methods, json_) -> None:
-    """``reproduce --estimate``: the table's wall time, measured method by method."""
-    from .budget import estimate
-
-    result = estimate(
-        table,
-        seeds=seeds,
-        rounds=rounds,
-        quick=quick,
-        extra=extra,
-        methods=methods,
-        progress=lambda name: err.print(f"timing {escape(name)} …", highlight=False),
-    )
-    rows = Table(title=f"{result['table']}: estimated wall time on this machine")
-    for col in ("method", "s/round", "first round s", "eval s", "rounds", "runs", "hours"):
-        rows.add_column(col, justify="left" if col == "method" else "right")
-    for m in result["methods"]:
-        rows.add_row(
-            escape(m["method"]),
-            f"{m['round_s']:.2f}",
-            f"{m['first_round_s']:.1f}",
-            f"{m['eval_s']:.1f}",
-            str(m["rounds"]),
-            str(m["runs"]),
-            f"{m['total_s'] / 3600:.2f}",
-        )
-    rows.add_row("total", "", "", "", "", "", f"{result['total_h']:.2f}")
-    (err if json_ else out).print(rows)
-    if result["skipped"]:
-        err.print(f"not timed (algorithm not registered): {escape(', '.join(result['skipped']))}")
-    if json_:
-        print_json(result)
-
-
-def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, json_) -> None:
-    """``reproduce --status``: the table's runs in the store, run by run."""
-    from .table_status import table_status
-
-    result = table_status(
-        table,
-        db=db,
-        seeds=seeds,
-        first_seed=first_seed,
-        rounds=rounds,
-        quick=quick,
-        extra=extra,
-        methods=methods,
-        skip_missing=skip,
-    )
-    rows = Table(title=f"{result['table']}: runs in {escape(result['db'])}")
-    rows.add_column("method")
-    rows.add_column("seed", justify="right")
-    sweep = result["sweep_key"]
-    if sweep:
-        rows.add_column(escape(sweep.rsplit(".", 1)[-1]), justify="right")
-    rows.add_column("state")
-    rows.add_column("rounds", justify="right")
-    for m in result["metrics"]:
-        rows.add_column(m, justify="right")
-    rows.add_column("hours", justify="right")
-    rows.add_column("run")
-    for r in result["runs"]:
-        state = r["state"] + (" †degenerate" if r["degenerate"] else "")
-        cells = [escape(r["method"]), str(r["seed"])]
-        cells += [escape(str(r.get("value")))] if sweep else []
-        cells += [state, f"{r['rounds_done']}/{r['rounds']}"]
-        cells += [
-            fmt(r["metrics"].get(m)) if r["state"] == "done" else "" for m in result["metrics"]
-        ]
-        cells += [f"{r['time_s'] / 3600:.2f}" if r["time_s"] else "", r["run_id"] or ""]
-        rows.add_row(*cells)
-    (err if json_ else out).print(rows)
-    counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())
-    unpaced = ", ".join(result["unpaced"])
-    left = f"about {result['left_s'] / 3600:.1f} h of one process left at the finished runs' pace"
-    if result.get("paced_by_rounds"):
-        paced = ", ".join(result["paced_by_rounds"])
-        left += f" ({paced}: at the median logged round of runs not yet finished)"
-    if result["unpaced"]:
-        left = (
-            f"{left}, plus {unpaced} (no finished run to pace them)"
-            if result["left_s"]
-            else f"no finished run yet to pace {unpaced}"
-        )
-    err.print(
-        f"{result['total']} runs: {counts}; {left}",
-        highlight=False,
-        soft_wrap=True,
-    )
-    if json_:
-        print_json(result)
 
 
 def main() -> None:

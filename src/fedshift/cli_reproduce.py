@@ -1,0 +1,231 @@
+"""``fedshift reproduce``: a paper table's runs and report, its ``--estimate`` and its
+``--status`` (registered on the ``fedshift`` app by ``cli.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .cli_errors import user_errors
+from .cli_options import (
+    DataDirOption,
+    DbOption,
+    DeviceOption,
+    ExportOption,
+    ImportOption,
+    JsonOption,
+    import_first,
+)
+from .cli_output import err, fmt, out, print_json, progress_bar
+from .errors import FedshiftError
+from .results.store import DEFAULT_DB
+
+
+@user_errors
+def reproduce(
+    table: Annotated[str, typer.Argument(help="table id (fedshift list presets) or TOML file")],
+    seeds: Annotated[
+        int | None, typer.Option(help="seeds per method (default: the table's)")
+    ] = None,
+    first_seed: Annotated[
+        int,
+        typer.Option(
+            help="run seeds first-seed … first-seed + seeds − 1 (fresh seeds after a selection)"
+        ),
+    ] = 0,
+    rounds: Annotated[int | None, typer.Option(help="override the table's rounds")] = None,
+    quick: Annotated[
+        bool, typer.Option(help="smoke-sized run: the table's [quick] settings")
+    ] = False,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", help="override a config key of every method: key=value"),
+    ] = None,
+    methods: Annotated[
+        str | None,
+        typer.Option(help="run only these methods: names or algorithms, comma-separated"),
+    ] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="report folder")] = None,
+    db: DbOption = DEFAULT_DB,
+    json_: JsonOption = False,
+    skip_missing: Annotated[
+        bool, typer.Option(help="run the methods whose algorithm is registered, skip the rest")
+    ] = False,
+    device: DeviceOption = None,
+    data_dir: DataDirOption = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            help="reuse the store's finished runs of the same configuration and continue "
+            "its stopped ones from their checkpoints (a long table across sessions)"
+        ),
+    ] = False,
+    export_to: ExportOption = None,
+    imports: ImportOption = None,
+    estimate: Annotated[
+        bool,
+        typer.Option(
+            help="run nothing to the end: time a few rounds of each method at the table's "
+            "scale and print the estimated wall time of the whole table on this machine"
+        ),
+    ] = False,
+    status: Annotated[
+        bool,
+        typer.Option(
+            help="train nothing: say which of the table's runs the store holds done (with "
+            "their figures), running or stopped, and which have not started"
+        ),
+    ] = False,
+) -> None:
+    """Re-run a paper table: every method, same partitions, K seeds; report beside the
+    published numbers with the ordering compared."""
+    from .config import add_options, parse_set
+    from .reproduce import reproduce as reproduce_table
+
+    given = {"device": device, "data_dir": data_dir, "imports": import_first(imports)}
+    extra = add_options(parse_set(set_ or []), given)
+    add_options(extra, {"rounds": rounds})  # --set rounds=5 --rounds 3: an error, not a choice
+    chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    if estimate and status:
+        raise FedshiftError("--estimate times the table and --status reads the store: pick one")
+    if estimate:
+        _estimate(table, seeds, rounds, quick, extra, chosen, json_)
+        return
+    if status:
+        _status(table, db, seeds, first_seed, rounds, quick, extra, chosen, skip_missing, json_)
+        return
+
+    result = reproduce_table(
+        table,
+        seeds=seeds,
+        rounds=rounds,
+        quick=quick,
+        out_dir=out_dir,
+        db=db,
+        skip_missing=skip_missing,
+        extra=extra,
+        progress=progress_bar,
+        methods=chosen,
+        resume=resume,
+        first_seed=first_seed,
+        export_to=export_to,
+    )
+    metrics = list(result["comparison"])
+    rows = Table(title=f"{result['table']}: published / ours (accuracy %)")
+    rows.add_column("method")
+    for m in metrics:
+        rows.add_column(m, justify="right")
+    for r in result["methods"]:
+        cells = []
+        for m in metrics:
+            pub, ours, sd = r["published"].get(m), r["ours"][m], r["ours_std"][m]
+            spread = "" if sd is None else f" ± {fmt(sd)}"
+            cells.append(f"{fmt(pub)} / {fmt(ours)}{spread}")
+        rows.add_row(escape(r["name"]) + (" †degenerate" if r["degenerate"] else ""), *cells)
+    (err if json_ else out).print(rows)
+    for m, c in result["comparison"].items():
+        rho = "—" if c["spearman"] is None else f"{c['spearman']:.2f}"
+        err.print(
+            f"{m}: Spearman {rho} (non-degenerate methods); published gaps held beyond seed "
+            f"noise {c['gaps_held']}/{len(c['gaps'])}"
+        )
+    err.print(f"report written to {escape(str(result['report']))}")
+    if json_:
+        print_json(result)
+
+
+def _estimate(table, seeds, rounds, quick, extra, methods, json_) -> None:
+    """``reproduce --estimate``: the table's wall time, measured method by method."""
+    from .budget import estimate
+
+    result = estimate(
+        table,
+        seeds=seeds,
+        rounds=rounds,
+        quick=quick,
+        extra=extra,
+        methods=methods,
+        progress=lambda name: err.print(f"timing {escape(name)} …", highlight=False),
+    )
+    rows = Table(title=f"{result['table']}: estimated wall time on this machine")
+    for col in ("method", "s/round", "first round s", "eval s", "rounds", "runs", "hours"):
+        rows.add_column(col, justify="left" if col == "method" else "right")
+    for m in result["methods"]:
+        rows.add_row(
+            escape(m["method"]),
+            f"{m['round_s']:.2f}",
+            f"{m['first_round_s']:.1f}",
+            f"{m['eval_s']:.1f}",
+            str(m["rounds"]),
+            str(m["runs"]),
+            f"{m['total_s'] / 3600:.2f}",
+        )
+    rows.add_row("total", "", "", "", "", "", f"{result['total_h']:.2f}")
+    (err if json_ else out).print(rows)
+    if result["skipped"]:
+        err.print(f"not timed (algorithm not registered): {escape(', '.join(result['skipped']))}")
+    if json_:
+        print_json(result)
+
+
+def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, json_) -> None:
+    """``reproduce --status``: the table's runs in the store, run by run."""
+    from .table_status import table_status
+
+    result = table_status(
+        table,
+        db=db,
+        seeds=seeds,
+        first_seed=first_seed,
+        rounds=rounds,
+        quick=quick,
+        extra=extra,
+        methods=methods,
+        skip_missing=skip,
+    )
+    rows = Table(title=f"{result['table']}: runs in {escape(result['db'])}")
+    rows.add_column("method")
+    rows.add_column("seed", justify="right")
+    sweep = result["sweep_key"]
+    if sweep:
+        rows.add_column(escape(sweep.rsplit(".", 1)[-1]), justify="right")
+    rows.add_column("state")
+    rows.add_column("rounds", justify="right")
+    for m in result["metrics"]:
+        rows.add_column(m, justify="right")
+    rows.add_column("hours", justify="right")
+    rows.add_column("run")
+    for r in result["runs"]:
+        state = r["state"] + (" †degenerate" if r["degenerate"] else "")
+        cells = [escape(r["method"]), str(r["seed"])]
+        cells += [escape(str(r.get("value")))] if sweep else []
+        cells += [state, f"{r['rounds_done']}/{r['rounds']}"]
+        cells += [
+            fmt(r["metrics"].get(m)) if r["state"] == "done" else "" for m in result["metrics"]
+        ]
+        cells += [f"{r['time_s'] / 3600:.2f}" if r["time_s"] else "", r["run_id"] or ""]
+        rows.add_row(*cells)
+    (err if json_ else out).print(rows)
+    counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())
+    unpaced = ", ".join(result["unpaced"])
+    left = f"about {result['left_s'] / 3600:.1f} h of one process left at the finished runs' pace"
+    if result.get("paced_by_rounds"):
+        paced = ", ".join(result["paced_by_rounds"])
+        left += f" ({paced}: at the median logged round of runs not yet finished)"
+    if result["unpaced"]:
+        left = (
+            f"{left}, plus {unpaced} (no finished run to pace them)"
+            if result["left_s"]
+            else f"no finished run yet to pace {unpaced}"
+        )
+    err.print(
+        f"{result['total']} runs: {counts}; {left}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    if json_:
+        print_json(result)
