@@ -66,11 +66,13 @@ def test_status_paces_a_method_with_no_finished_run_by_its_logged_rounds(tmp_pat
     assert (stopped["state"], stopped["rounds_done"]) == ("failed", 2)
     logged = RunStore(db).round_seconds([stopped["run_id"]])[stopped["run_id"]]
     assert len(logged) == 2 and all(t > 0 for t in logged)
+    assert stopped["elapsed_s"] == pytest.approx(sum(logged))  # its hours so far
     # seed 0's two rounds left and seed 1's four, at the median of the two logged rounds
     assert got["left_s"] == pytest.approx(6 * statistics.median(logged))
     assert got["paced_by_rounds"] == ["FedAvg"] and got["unpaced"] == ["FedProx"]
     res = CliRunner().invoke(app, ["reproduce", str(path), "--db", str(db), "--status"])
     assert "FedAvg: at the median logged round of runs not yet finished" in res.stderr
+    assert f"{sum(logged) / 3600:.2f}+" in res.stdout  # the stopped run's hours so far
 
 
 def test_status_cli_prints_the_runs_and_a_json_summary(stopped_table, tmp_path):

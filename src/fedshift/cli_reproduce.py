@@ -207,7 +207,10 @@ def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, j
         cells += [
             fmt(r["metrics"].get(m)) if r["state"] == "done" else "" for m in result["metrics"]
         ]
-        cells += [f"{r['time_s'] / 3600:.2f}" if r["time_s"] else "", r["run_id"] or ""]
+        hours = f"{r['time_s'] / 3600:.2f}" if r["time_s"] else ""
+        if r["state"] != "done" and r.get("elapsed_s"):  # so far: its logged rounds
+            hours = f"{r['elapsed_s'] / 3600:.2f}+"
+        cells += [hours, r["run_id"] or ""]
         rows.add_row(*cells)
     (err if json_ else out).print(rows)
     counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())

@@ -36,11 +36,20 @@ def _current(runs: list[dict]) -> dict | None:
     return None
 
 
-def _partial_pace(db: str | Path, rows: list[dict]) -> dict[str, float]:
+def _logged(db: str | Path, rows: list[dict]) -> dict[str, list[float]]:
+    """The seconds of every round each unfinished row's run has logged so far; each such
+    row gets ``elapsed_s``, their sum (the hours a running or stopped run has taken)."""
+    ids = [r["run_id"] for r in rows if r["state"] != "done" and r["run_id"] and r["rounds_done"]]
+    logged = RunStore(db).round_seconds(ids) if ids else {}
+    for row in rows:
+        if row["run_id"] in logged:
+            row["elapsed_s"] = sum(logged[row["run_id"]])
+    return logged
+
+
+def _partial_pace(rows: list[dict], logged: dict[str, list[float]]) -> dict[str, float]:
     """Seconds per round of each method that has no finished run: the median of the rounds
     its running and stopped runs have logged (none for a method with no logged round)."""
-    ids = [r["run_id"] for r in rows if r["run_id"] and r["rounds_done"]]
-    logged = RunStore(db).round_seconds(ids) if ids else {}
     pooled: dict[str, list[float]] = {}
     for row in rows:
         pooled.setdefault(row["method"], []).extend(logged.get(row["run_id"], []))
@@ -94,7 +103,8 @@ def table_status(
     for row in rows:
         if row["state"] == "done" and row["time_s"] and row["rounds"]:
             pace.setdefault(row["method"], []).append(row["time_s"] / row["rounds"])
-    partial = _partial_pace(db, [r for r in rows if r["method"] not in pace])
+    logged = _logged(db, rows)
+    partial = _partial_pace([r for r in rows if r["method"] not in pace], logged)
     left, unpaced = 0.0, []
     for row in rows:
         if row["state"] == "done":
