@@ -17,6 +17,7 @@ from fedshift.eval.metrics import (
     constant_clients,
     flag_below_chance_on_training,
     flag_chance_loss,
+    flag_saturated_logits,
     loss_at_chance,
     over_seeds,
 )
@@ -53,6 +54,23 @@ if BACKWARDS not in ALGORITHMS:
             params = dict(pred.params)
             for name in list(params)[-2:]:  # the last layer's weight and bias
                 params[name] = -params[name]
+            return Prediction(params, pred.buffers, pred.shared)
+
+
+EXPLODED = "test-exploded-predictor"
+if EXPLODED not in ALGORITHMS:
+
+    @register_algorithm(EXPLODED)
+    class ExplodedPredictor(FedAvg):
+        """FedAvg whose evaluated model is its trained model with the last layer scaled by
+        10⁷: the same predictions, but logit gaps in the millions (FedSDR's prediction
+        estimator at γ ≥ 10⁴ leaves its personal models so)."""
+
+        def predictor(self, server, state, cohort) -> Prediction:
+            pred = super().predictor(server, state, cohort)
+            params = dict(pred.params)
+            for name in list(params)[-2:]:
+                params[name] = params[name] * 1e7
             return Prediction(params, pred.buffers, pred.shared)
 
 
@@ -151,6 +169,29 @@ def test_a_model_that_reads_its_data_backwards_is_marked_degenerate():
     assert "own training data" in bad.metrics["degenerate_why"]
     good = fs.run(algorithm="fedavg", **settings)
     assert good.metrics["train_accuracy_pooled"] > 80 and good.metrics["degenerate"] is False
+
+
+def test_saturated_logits_flag_only_most_rows_past_the_gap():
+    def metrics(share):
+        return {"degenerate": False, "degenerate_why": None, "train_saturated_share": share}
+
+    flagged = flag_saturated_logits(metrics(80.0))
+    assert flagged["degenerate"] and "blown up" in flagged["degenerate_why"]
+    assert not flag_saturated_logits(metrics(50.0))["degenerate"]  # half is not most
+    assert not flag_saturated_logits(metrics(0.0))["degenerate"]
+    assert not flag_saturated_logits({"degenerate": False})["degenerate"]  # no data
+
+
+def test_a_model_whose_logits_blew_up_is_marked_degenerate():
+    """It predicts what the trained model predicts (not constant, not backwards, its loss
+    not at ln K), so only its logit gaps on its own training rows tell."""
+    settings = dict(scenario="digits-shortcut", rounds=3, seed=0, db=None, lr=0.05, batch_size=10)
+    bad = fs.run(algorithm=EXPLODED, **settings)
+    good = fs.run(algorithm="fedavg", **settings)
+    assert bad.metrics["per_env"] == good.metrics["per_env"]  # the same predictions
+    assert bad.metrics["train_saturated_share"] > 90 and good.metrics["train_saturated_share"] == 0
+    assert bad.metrics["degenerate"] is True and "blown up" in bad.metrics["degenerate_why"]
+    assert good.metrics["degenerate"] is False
 
 
 def test_over_seeds_keeps_a_degenerate_seed_visible():

@@ -21,8 +21,8 @@ from ..errors import Diverged, FedshiftError, RunStopped
 from ..eval.evaluate import label_counts, prediction_counts
 from ..eval.metrics import (
     EvalCounts,
-    flag_below_chance_on_training,
     flag_chance_loss,
+    flag_training_fit,
     summarize,
     training_fit,
 )
@@ -258,11 +258,12 @@ class Runner:
             cohort = self.ctx.cohort(chunk, round_)
             pred = self.alg.predictor(self.server, self.store.take(chunk, self.ctx.device), cohort)
             for j, split in enumerate(splits.values()):
-                c, t, guessed = prediction_counts(
+                c, t, guessed, saturated = prediction_counts(
                     self.ctx, pred.params, pred.buffers, pred.shared, split, chunk
                 )
                 out.correct[chunk, j] = c
                 out.total[chunk, j] = t
+                out.saturated[chunk, j] = saturated
                 out.predicted[chunk] += guessed
                 out.labels[chunk] += label_counts(split, chunk, k)
         return out
@@ -279,7 +280,7 @@ class Runner:
         acc, summary = test.summary(data.test_env_names)
         if self.is_final(round_):
             summary.update(training_fit(self.counts({"train": data.train}, round_)))
-            flag_below_chance_on_training(summary)
+            flag_training_fit(summary)
         val_acc, val = None, None
         if data.val:
             val_acc = self.counts(data.val, round_).percent()

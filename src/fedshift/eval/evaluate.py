@@ -15,6 +15,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from ..data.federated import FederatedData, Split
+from .metrics import SATURATION_GAP
 
 Tree = Mapping[str, Tensor]
 
@@ -49,24 +50,36 @@ def correct_counts(
     ctx: Evaluable, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Correct predictions and sample counts per client of ``ids`` on ``split`` ([C] each)."""
-    correct, sizes, _ = prediction_counts(ctx, params, buffers, shared, split, ids)
+    correct, sizes, _, _ = prediction_counts(ctx, params, buffers, shared, split, ids)
     return correct, sizes
+
+
+def _guess(logits: Tensor) -> tuple[Tensor, Tensor]:
+    """The predicted class, and whether the top logit exceeds the runner-up by more than
+    ``SATURATION_GAP`` (eval/metrics.py: the model's logits have blown up)."""
+    if logits.shape[-1] < 2:
+        return logits.argmax(-1), torch.zeros(logits.shape[:-1], dtype=torch.bool)
+    top = logits.topk(2, dim=-1)
+    return top.indices[..., 0], (top.values[..., 0] - top.values[..., 1]) > SATURATION_GAP
 
 
 @torch.no_grad()
 def prediction_counts(
     ctx: Evaluable, params: Tree, buffers: Tree, shared: bool, split: Split, ids: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Correct predictions [C], sample counts [C] and predicted-class counts [C, K] per
-    client of ``ids`` on ``split``; the class counts let reports tell a model that reads the
-    input from one that answers the same class everywhere (eval/metrics.constant_clients)."""
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Correct predictions [C], sample counts [C], predicted-class counts [C, K] and rows
+    with saturated logits [C] per client of ``ids`` on ``split``; the class counts let
+    reports tell a model that reads the input from one that answers the same class
+    everywhere (eval/metrics.constant_clients), the saturated rows a model whose logits
+    have blown up (eval/metrics.flag_saturated_logits)."""
     k = ctx.data.num_classes
     rows, valid, sizes = _rows(split, ids)
     c, m = rows.shape
     correct = torch.zeros(c, dtype=torch.int64)
     predicted = torch.zeros(c, k, dtype=torch.int64)
+    saturated = torch.zeros(c, dtype=torch.int64)
     if m == 0:
-        return correct, sizes, predicted
+        return correct, sizes, predicted, saturated
     dev = split.x.device
     ctx.model.eval()
     if shared:
@@ -74,14 +87,15 @@ def prediction_counts(
         for lo in range(0, flat_rows.numel(), EVAL_BATCH):
             r = flat_rows[lo : lo + EVAL_BATCH].to(dev)
             who = owner[lo : lo + EVAL_BATCH]
-            guess = ctx.forward(params, buffers, split.x[r]).argmax(-1).cpu()
+            guess, sat = (t.cpu() for t in _guess(ctx.forward(params, buffers, split.x[r])))
             hit = guess == split.y[r].cpu()
             correct += torch.bincount(who, hit.long(), c).long()
             predicted += torch.bincount(who * k + guess, minlength=c * k).view(c, k)
-        return correct, sizes, predicted
+            saturated += torch.bincount(who, sat.long(), c).long()
+        return correct, sizes, predicted, saturated
 
     def predict(p, b, x):
-        return ctx.forward(p, b, x).argmax(-1)
+        return _guess(ctx.forward(p, b, x))
 
     batched = vmap(predict)
     step = max(1, EVAL_BATCH // c)
@@ -89,12 +103,13 @@ def prediction_counts(
     for lo in range(0, m, step):
         r = rows[:, lo : lo + step].to(dev)
         ok = valid[:, lo : lo + step]
-        guess = batched(params, buffers, split.x[r]).cpu()
+        guess, sat = (t.cpu() for t in batched(params, buffers, split.x[r]))
         hit = guess == split.y[r].cpu()
         correct += (hit & ok).sum(1)
         index = (owner * k + guess)[ok]
         predicted += torch.bincount(index, minlength=c * k).view(c, k)
-    return correct, sizes, predicted
+        saturated += (sat & ok).sum(1)
+    return correct, sizes, predicted, saturated
 
 
 def label_counts(split: Split, ids: Tensor, num_classes: int) -> Tensor:

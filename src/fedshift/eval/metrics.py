@@ -18,7 +18,12 @@ its training loss stays at ln K (chance) over the last rounds, or when its predi
 classify their own training data worse than answering the training data's most common
 class (:func:`flag_below_chance_on_training`): a model that reads a shortcut *backwards*
 scores well on a validation environment where the shortcut is reversed, and is neither
-constant nor at ln K, but it fails on the data it was trained on.
+constant nor at ln K, but it fails on the data it was trained on. And a run is degenerate
+when its predictors' logits have blown up (:func:`flag_saturated_logits`): on most of their
+own training rows the top logit exceeds the runner-up by more than ``SATURATION_GAP``, so
+the softmax is exactly one-hot in floating point and the risk passes no gradient there —
+a divergence that stayed finite (FedSDR's prediction estimator at γ ≥ 10⁴: logit gaps of
+10⁸–10⁹ after its first steps, docs/methods/invariant.md).
 """
 
 from __future__ import annotations
@@ -40,6 +45,12 @@ CONSTANT_MARGIN = 0.05  # … 5 points more often than that client's most common
 CHANCE_TOLERANCE = 0.01  # training loss within 1 % of ln K counts as "at chance"
 # training-data accuracy this many points under the most common class's share: backwards
 BELOW_CHANCE_MARGIN = 5.0
+# a logit gap this large makes exp(−gap) 0 in float32 and float64 alike (exp(−745) already
+# is): the cross-entropy's gradient is exactly 0 on a correct row, and a model trained with
+# it does not get there by the risk; healthy models stay below 10²
+SATURATION_GAP = 1000.0
+# … on more than this share of the training rows: the run's logits have blown up
+SATURATED_SHARE = 50.0
 # the headline numbers of a run's summary: what a paper table may publish and `reproduce`
 # compares, and what a diverged run has none of
 HEADLINE_METRICS = ("worst", "average", "worst_client", "average_pooled")
@@ -136,7 +147,31 @@ def training_fit(train: EvalCounts) -> dict:
     return {
         "train_accuracy_pooled": 100.0 * int(train.correct.sum()) / total,
         "train_majority_share": 100.0 * int(train.labels.sum(0).max()) / total,
+        "train_saturated_share": 100.0 * int(train.saturated.sum()) / total,
     }
+
+
+def flag_training_fit(metrics: dict) -> dict:
+    """The degeneracy rules that read the predictors' fit to their own training rows
+    (:func:`training_fit`): learned backwards, or logits blown up."""
+    return flag_saturated_logits(flag_below_chance_on_training(metrics))
+
+
+def flag_saturated_logits(metrics: dict) -> dict:
+    """Mark ``metrics`` degenerate (in place, and returned) when the predictors' logits have
+    blown up: more than ``SATURATED_SHARE`` % of their training rows have a top-logit gap
+    above ``SATURATION_GAP``."""
+    share = metrics.get("train_saturated_share")
+    if share is None or share <= SATURATED_SHARE:
+        return metrics
+    metrics["degenerate"] = True
+    why = (
+        f"its models' logits have blown up: on {share:.0f} % of their training rows the top "
+        f"logit exceeds the next by more than {SATURATION_GAP:g} (a divergence that stayed "
+        "finite; the risk passes no gradient there)"
+    )
+    metrics["degenerate_why"] = "; ".join(filter(None, [metrics.get("degenerate_why"), why]))
+    return metrics
 
 
 def flag_below_chance_on_training(metrics: dict) -> dict:
@@ -213,19 +248,27 @@ def over_seeds(summaries: list[dict]) -> tuple[dict, dict]:
 @dataclass
 class EvalCounts:
     """What one evaluation counted: correct and total [N, E] per client and environment,
-    predicted and true class counts [N, K] per client summed over the environments."""
+    predicted and true class counts [N, K] per client summed over the environments, and the
+    rows with saturated logits [N, E] (``SATURATION_GAP``)."""
 
     correct: Tensor
     total: Tensor
     predicted: Tensor
     labels: Tensor
+    saturated: Tensor
 
     @classmethod
     def zeros(cls, clients: int, envs: int, classes: int) -> EvalCounts:
         def z(*shape):
             return torch.zeros(*shape, dtype=torch.int64)
 
-        return cls(z(clients, envs), z(clients, envs), z(clients, classes), z(clients, classes))
+        return cls(
+            z(clients, envs),
+            z(clients, envs),
+            z(clients, classes),
+            z(clients, classes),
+            z(clients, envs),
+        )
 
     def percent(self) -> Tensor:
         return accuracy_percent(self.correct, self.total)

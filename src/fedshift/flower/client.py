@@ -193,16 +193,18 @@ def evaluate(message: Message, context: Context) -> Message:
     for name, splits in parts:
         if not splits:
             continue
-        correct, total = [], []
+        correct, total, saturated = [], [], []
         predicted, labels = torch.zeros(k, dtype=torch.int64), torch.zeros(k, dtype=torch.int64)
         for split in splits.values():
-            c, t, guessed = prediction_counts(
+            c, t, guessed, sat = prediction_counts(
                 ctx, pred.params, pred.buffers, pred.shared, split, cohort.ids
             )
             correct.append(int(c[0]))
             total.append(int(t[0]))
+            saturated.append(int(sat[0]))
             predicted += guessed[0]
             labels += label_counts(split, cohort.ids, k)[0]
         counts[f"{name}.correct"], counts[f"{name}.total"] = correct, total
         counts[f"{name}.predicted"], counts[f"{name}.labels"] = predicted.tolist(), labels.tolist()
+        counts[f"{name}.saturated"] = saturated
     return Message(RecordDict({"counts": MetricRecord(counts)}), reply_to=message)

@@ -37,7 +37,7 @@ from ..engine.runner import RoundRecord, Runner
 from ..engine.sampling import sample_clients
 from ..engine.tree import Tree, nbytes
 from ..errors import Diverged, FedshiftError
-from ..eval.metrics import EvalCounts, flag_below_chance_on_training, summarize, training_fit
+from ..eval.metrics import EvalCounts, flag_training_fit, summarize, training_fit
 from ..experiment import Experiment, build_experiment, environment_info
 from ..results.store import DEFAULT_DB, RunStore
 from .records import from_record, job_record, row, to_record
@@ -229,7 +229,7 @@ class FlowerRunner(Runner):
             out = EvalCounts.zeros(n, width, data.num_classes)
             for c in range(n):
                 counts = replies[c].content.metric_records["counts"]
-                for part in ("correct", "total", "predicted", "labels"):
+                for part in ("correct", "total", "predicted", "labels", "saturated"):
                     row = torch.tensor(counts[f"{name}.{part}"], dtype=torch.int64)
                     getattr(out, part)[c] = row
             return out
@@ -237,7 +237,7 @@ class FlowerRunner(Runner):
         acc, summary = gathered("test", len(data.test)).summary(data.test_env_names)
         if self.is_final(round_):  # the nodes scored their own training rows too
             summary.update(training_fit(gathered("train", 1)))
-            flag_below_chance_on_training(summary)
+            flag_training_fit(summary)
         val_acc, val = None, None
         if data.val:
             val_acc = gathered("val", len(data.val)).percent()
