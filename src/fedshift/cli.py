@@ -21,6 +21,7 @@ from .cli_options import (  # noqa: F401  (fedshift.cli names)
     ImportOption,
     JsonOption,
     MethodOption,
+    ResumeOption,
     RoundsOption,
     SeedOption,
     SeedsOption,
@@ -166,13 +167,7 @@ def sweep(
     json_: JsonOption = False,
     device: DeviceOption = None,
     data_dir: DataDirOption = None,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            help="reuse the store's finished runs of the same configuration and continue "
-            "its stopped ones from their checkpoints (a long sweep across sessions)"
-        ),
-    ] = False,
+    resume: ResumeOption = False,
     export_to: ExportOption = None,
     imports: ImportOption = None,
 ) -> None:

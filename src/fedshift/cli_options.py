@@ -25,6 +25,13 @@ ExportOption = Annotated[
     ),
 ]
 RoundsOption = Annotated[int | None, typer.Option(help="communication rounds")]
+ResumeOption = Annotated[  # sweep and reproduce: many runs, across sessions
+    bool,
+    typer.Option(
+        help="reuse the store's finished runs of the same configuration and continue "
+        "its stopped ones from their checkpoints (a long sweep or table across sessions)"
+    ),
+]
 SeedOption = Annotated[int | None, typer.Option(help="run seed")]
 SeedsOption = Annotated[
     str | None, typer.Option(help="several seeds, e.g. 0,1,2: one run each, mean ± std")

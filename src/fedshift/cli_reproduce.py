@@ -18,6 +18,7 @@ from .cli_options import (
     ExportOption,
     ImportOption,
     JsonOption,
+    ResumeOption,
     import_first,
 )
 from .cli_output import err, fmt, out, print_json, progress_bar
@@ -57,13 +58,7 @@ def reproduce(
     ] = False,
     device: DeviceOption = None,
     data_dir: DataDirOption = None,
-    resume: Annotated[
-        bool,
-        typer.Option(
-            help="reuse the store's finished runs of the same configuration and continue "
-            "its stopped ones from their checkpoints (a long table across sessions)"
-        ),
-    ] = False,
+    resume: ResumeOption = False,
     export_to: ExportOption = None,
     imports: ImportOption = None,
     estimate: Annotated[
