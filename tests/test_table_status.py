@@ -45,6 +45,12 @@ def test_status_names_each_run_done_stopped_or_not_started(stopped_table):
     assert done["metrics"]["worst"] == pytest.approx(stored[done["run_id"]]["metrics"]["worst"])
     assert done["degenerate"] is False and done["published"] == {"worst": 10.0, "average": 50.0}
     assert got["counts"] == {"done": 1, "failed": 1, "not started": 2}
+    # the interim summary: one finished FedAvg seed of two (no spread from one), no FedProx
+    fedavg, fedprox = got["so_far"]
+    assert (fedavg["method"], fedavg["done"], fedavg["planned"]) == ("FedAvg", 1, 2)
+    assert fedavg["worst"] == {"mean": done["metrics"]["worst"], "std": None}
+    assert fedavg["degenerate"] is False and fedavg["published"] == done["published"]
+    assert (fedprox["done"], fedprox["worst"]) == (0, {"mean": None, "std": None})
     # two FedAvg rounds left at the finished FedAvg run's pace; FedProx has no pace yet
     per_round = stored[done["run_id"]]["time_s"] / 4
     assert got["left_s"] == pytest.approx(2 * per_round)
@@ -83,6 +89,9 @@ def test_status_cli_prints_the_runs_and_a_json_summary(stopped_table, tmp_path):
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["total"] == 4 and summary["counts"]["done"] == 1
     assert "4 runs: 1 done, 1 failed, 2 not started" in res.stderr
+    assert "finished seeds so far" in res.stderr and "1/2" in res.stderr  # FedAvg only
+    so_far = res.stderr.split("finished seeds so far")[1].split("4 runs:")[0]
+    assert "FedAvg" in so_far and "FedProx" not in so_far
     missing = runner.invoke(
         app, ["reproduce", str(path), "--db", str(tmp_path / "none.db"), "--status"]
     )

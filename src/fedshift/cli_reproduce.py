@@ -208,6 +208,8 @@ def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, j
         cells += [hours, r["run_id"] or ""]
         rows.add_row(*cells)
     (err if json_ else out).print(rows)
+    if any(m["done"] for m in result["so_far"]):
+        (err if json_ else out).print(_so_far_table(result))
     counts = ", ".join(f"{n} {state}" for state, n in result["counts"].items())
     unpaced = ", ".join(result["unpaced"])
     left = f"about {result['left_s'] / 3600:.1f} h of one process left at the finished runs' pace"
@@ -227,3 +229,28 @@ def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, j
     )
     if json_:
         print_json(result)
+
+
+def _so_far_table(result: dict) -> Table:
+    """Each method's finished seeds: mean ± std of every metric beside the published
+    figure, and how many of its seeds they are (interim, not a verdict)."""
+    rows = Table(title="finished seeds so far (mean ± std; published in brackets)")
+    rows.add_column("method")
+    sweep = result["sweep_key"]
+    if sweep:
+        rows.add_column(escape(sweep.rsplit(".", 1)[-1]), justify="right")
+    rows.add_column("seeds", justify="right")
+    for m in result["metrics"]:
+        rows.add_column(m, justify="right")
+    for entry in result["so_far"]:
+        if not entry["done"]:
+            continue
+        name = escape(entry["method"]) + (" †degenerate" if entry["degenerate"] else "")
+        cells = [name] + ([escape(str(entry.get("value")))] if sweep else [])
+        cells.append(f"{entry['done']}/{entry['planned']}")
+        for m in result["metrics"]:
+            got, published = entry[m], entry["published"].get(m)
+            text = fmt(got["mean"]) + (f" ± {fmt(got['std'])}" if got["std"] is not None else "")
+            cells.append(text + (f" ({fmt(published)})" if published is not None else ""))
+        rows.add_row(*cells)
+    return rows

@@ -5,7 +5,10 @@ This reads the store, trains nothing and loads no data, and says run by run whic
 table's runs are done (with the table's metrics and the degeneracy check), which are
 running or stopped (rounds done of rounds), and which have not started, with what is left
 at the pace of the method's finished runs, or, for a method none of whose runs has finished,
-at the median round of its running and stopped runs so far. The runs are the ones
+at the median round of its running and stopped runs so far; and, method by method, the
+mean and spread of the seeds finished so far beside the published figures, with how many
+of the seeds they are (an interim figure, never a verdict: the report's seed-noise and
+degeneracy rules are applied when the table is complete). The runs are the ones
 ``reproduce`` would make with the same arguments (``reproduce.method_runs``), matched as
 ``--resume`` matches them (``jobs.config_identity``: the machine's keys, such as threads,
 aside).
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from statistics import mean, median
+from statistics import mean, median, stdev
 from typing import Any
 
 from .jobs import config_identity, runs_by_config
@@ -56,6 +59,31 @@ def _partial_pace(rows: list[dict], logged: dict[str, list[float]]) -> dict[str,
     return {method: median(times) for method, times in pooled.items() if times}
 
 
+def _so_far(rows: list[dict], metrics: list[str]) -> list[dict]:
+    """Per method (and sweep value): its finished seeds' mean and standard deviation of
+    each metric (no deviation from a single seed), how many of its planned seeds those
+    are, whether any finished seed is degenerate, and the published figures."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["method"], row.get("value")), []).append(row)
+    summary = []
+    for (method, value), group in groups.items():
+        done = [r for r in group if r["state"] == "done"]
+        entry: dict[str, Any] = {"method": method, "done": len(done), "planned": len(group)}
+        if value is not None:
+            entry["value"] = value
+        for m in metrics:
+            got = [r["metrics"][m] for r in done if r["metrics"].get(m) is not None]
+            entry[m] = {
+                "mean": mean(got) if got else None,
+                "std": stdev(got) if len(got) > 1 else None,
+            }
+        entry["degenerate"] = any(r["degenerate"] for r in done)
+        entry["published"] = group[0]["published"]
+        summary.append(entry)
+    return summary
+
+
 def table_status(
     source: str,
     *,
@@ -72,7 +100,7 @@ def table_status(
     counts; ``left_s``: seconds of one process still to run, from each method's finished
     runs' seconds per round, else from the median logged round of its unfinished runs
     (methods paced so are listed in ``paced_by_rounds``; those with neither, in
-    ``unpaced``)."""
+    ``unpaced``); ``so_far``: each method's finished seeds summarised (``_so_far``)."""
     table = select_methods(load_table(source), methods)
     plan = plan_table(
         table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
@@ -121,6 +149,7 @@ def table_status(
         "metrics": list(table.metrics),
         "sweep_key": table.sweep_key or None,
         "runs": rows,
+        "so_far": _so_far(rows, list(table.metrics)),
         "total": len(rows),
         "counts": dict(Counter(row["state"] for row in rows)),
         "left_s": left,
