@@ -128,6 +128,13 @@ def test_tiny_table_end_to_end(tiny, tmp_path):
     assert "held beyond seed noise: 0 of 5" in text
     for f in ("accuracy_per_env.png", "published_vs_ours.png", "runs/report.md"):
         assert (tmp_path / "report" / f).is_file()
+    # what the models are: each seed's fit to its own training rows, one-class clients,
+    # blown-up logits, from the stored runs, so a worst case bought with weak models shows
+    fedavg = [runs[r]["metrics"] for r in out["methods"][0]["run_ids"]]
+    fit = ", ".join(f"{m['train_accuracy_pooled']:.1f}" for m in fedavg)
+    share = ", ".join(f"{m['train_majority_share']:.1f}" for m in fedavg)  # seeds differ here
+    constant = ", ".join(str(m["constant_clients"]) for m in fedavg)
+    assert f"| FedAvg | {fit} ({share}) | {constant} | " in text
 
 
 def test_a_diverged_method_is_reported_and_the_table_goes_on(tmp_path):

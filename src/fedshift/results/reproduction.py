@@ -102,6 +102,25 @@ def write_reproduction_report(
             )
             + "."
         )
+    checks = model_checks(results)
+    if checks:
+        parts.append(
+            "### What the models are\n\n"
+            "Per seed, in seed order: accuracy on the model's own training rows (beside the "
+            "majority class's share of them: a model near that share has learnt little of "
+            "anything, degenerate or not), how many clients answer one class on their test "
+            "rows, and the share of training rows whose top logit exceeds the next by more "
+            "than 1000 (blown-up logits). A worst case bought with weak models shows here.\n\n"
+            + _md_table(
+                [
+                    "method",
+                    "training fit % (majority share)",
+                    "clients one class",
+                    "logits blown up %",
+                ],
+                checks,
+            )
+        )
     parts.append("## Ordering compared")
     parts.append(
         f"A published gap of at least {table.gap:g} points is **held** only when our "
@@ -166,6 +185,34 @@ def write_reproduction_report(
     path = out / "report.md"
     path.write_text("\n\n".join(parts) + "\n")
     return path
+
+
+def model_checks(results: list[MethodResult]) -> list[list[str]]:
+    """One row per method with the degeneracy checks' inputs seed by seed (training fit and
+    majority share, clients answering one class, rows with blown-up logits); none for a
+    table whose runs recorded none of them."""
+
+    def seeds(r: MethodResult, key: str, digits: int = 1) -> str:
+        return ", ".join(_f(s.get(key), digits) for s in r.per_seed)
+
+    rows = []
+    for r in results:
+        recorded = ("train_accuracy_pooled", "constant_clients", "train_saturated_share")
+        if not any(s.get(k) is not None for s in r.per_seed for k in recorded):
+            continue
+        share = seeds(r, "train_majority_share")
+        if len(set(share.split(", "))) == 1:  # the same rows every seed: say it once
+            share = share.split(", ")[0]
+        fit = f"{seeds(r, 'train_accuracy_pooled')} ({share})"
+        rows.append(
+            [
+                r.method.name + degenerate_mark(r),
+                fit,
+                seeds(r, "constant_clients", 0),
+                seeds(r, "train_saturated_share"),
+            ]
+        )
+    return rows
 
 
 def degenerate_mark(r: MethodResult) -> str:
