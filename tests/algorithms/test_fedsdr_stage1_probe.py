@@ -51,6 +51,15 @@ def test_a_colour_only_model_reads_as_one_and_the_clamp_share_is_exact():
     assert row["acc_p0.0"] == pytest.approx(0.0)
     assert row["acc_p1.0"] == pytest.approx(100.0)
     assert row["probe_colour"] > 95.0
+    assert row["zero_features"] == 0.0 and row["live_units"] == 100.0  # every image has ink
+    # a third unit that never fires is dead; with no hidden unit alive every input is zero
+    dead = colour_only_mlp(width=3)
+    dead["head.weight"] = torch.cat([dead["head.weight"], torch.zeros(2, 1)], 1)
+    dead["extractor.fc1.weight"][2] = -1.0
+    row = probe.model_rows("x", "one dead unit", lambda u: dead, data)
+    assert row["live_units"] == pytest.approx(100 * 2 / 3) and row["zero_features"] == 0.0
+    off = {**dead, "extractor.fc1.bias": torch.full((3,), -1e6)}
+    assert probe.model_rows("x", "all dead", lambda u: off, data)["zero_features"] == 100.0
     # two identical environment classifiers never disagree: every minibatch is below α_th
     model = colour_only_mlp()
     env_weight = torch.randn(1, 2, 2).expand(2, 2, 2).clone()

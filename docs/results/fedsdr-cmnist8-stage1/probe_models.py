@@ -1,8 +1,9 @@
 """Diagnostic: what the final models of finished cmnist runs read, from their checkpoints.
 
-For each run (FedSDR, or any method whose model is cmnist's one-hidden-layer MLP) and each
-of its models — FedSDR's shortcut model ω∘Ψ (stage 1), the personal models f_u, a global
-model — on every client's own test images:
+For each run (FedSDR, FedPIN, or any method whose model is cmnist's one-hidden-layer MLP)
+and each of its models — FedSDR's shortcut model ω∘Ψ (stage 1), the personal models f_u, a
+global model, FedPIN's anchor (Φ_g, ω_g), personal model and local ERM model Ψ_u — on every
+client's own test images:
 
 * ``flip``: the share of predictions that change when the image's two colour channels are
   swapped (a colour-only model: 100; a digit-only model: 0);
@@ -11,6 +12,9 @@ model — on every client's own test images:
   independent of the label), fitted on half of them and scored on the other half, averaged
   over clients: the label from the hidden layer (above 50 only
   through the digit; 75 is the ceiling under 25 % label noise) and the colour;
+* ``zero_features``: the share of p_te = 0.5 inputs whose hidden layer is all zero (the
+  model answers them with its bias alone), and ``live_units``: the share of hidden units
+  active on at least one of them (the rest are dead);
 * for FedSDR, stage 1's clamp: λ·ℓ_dis of the final Ψ and environment classifiers over random
   minibatches of the training rows, and the share of minibatches where it is below α_th (the
   only ones where −min(α_th, λ·ℓ_dis) passes a gradient to Ψ).
@@ -83,7 +87,7 @@ def probes(features: torch.Tensor, label: torch.Tensor, colour: torch.Tensor) ->
 def model_rows(run: str, label: str, params_of, data) -> dict:
     tests = {p: data.test[f"p={p}"] for p in ("0.0", "0.5", "1.0")}
     half = tests["0.5"]
-    flips, acc, probe_rows = [], {p: [] for p in tests}, []
+    flips, acc, probe_rows, zero, live = [], {p: [] for p in tests}, [], [], []
     with torch.no_grad():
         for u in range(half.num_clients):
             p = params_of(u)
@@ -95,8 +99,12 @@ def model_rows(run: str, label: str, params_of, data) -> dict:
                 xs, yt = split.x[lo:hi], split.y[lo:hi]
                 acc[name].append((logits(p, xs).argmax(1) == yt).float().mean().item())
             colour = x.flatten(2).sum(-1).argmax(1)
-            probe_rows.append(probes(hidden(p, x), y, colour))
+            h = hidden(p, x)
+            probe_rows.append(probes(h, y, colour))
+            zero.append((h.abs().sum(1) == 0).float().mean().item())
+            live.append((h > 0).any(0).float().mean().item())
     row = {"run": run, "model": label, "flip": 100 * float(np.mean(flips))}
+    row["zero_features"], row["live_units"] = 100 * float(np.mean(zero)), 100 * float(np.mean(live))
     row.update({f"acc_p{name}": 100 * float(np.mean(v)) for name, v in acc.items()})
     row.update({k: float(np.mean([r[k] for r in probe_rows])) for k in probe_rows[0]})
     return row
@@ -149,7 +157,19 @@ def report(db: str, run: str) -> list[dict]:
 
         rows.append(model_rows(run, f"{name}: personal", own, data))
     if "head.weight" in shared:
-        rows.append(model_rows(run, f"{name}: global", lambda u: shared, data))
+        label = "anchor (Φ_g, ω_g)" if part(clients, "pm/p/") else "global"
+        rows.append(model_rows(run, f"{name}: {label}", lambda u: shared, data))
+    for prefix, label in (("pm/p/", "personal"), ("psi/p/", "Ψ_u (local ERM)")):  # FedPIN's
+        kept = part(clients, prefix)
+        if kept:
+            rows.append(
+                model_rows(
+                    run,
+                    f"{name}: {label}",
+                    lambda u, kept=kept: {k: v[u] for k, v in kept.items()},
+                    data,
+                )
+            )
     return rows
 
 
@@ -166,9 +186,10 @@ def main() -> None:
             else ""
         )
         print(
-            f"{r['run']} {r['model']:26s} flip {r['flip']:5.1f}  acc {r['acc_p0.0']:5.1f} / "
+            f"{r['run']} {r['model']:32s} flip {r['flip']:5.1f}  acc {r['acc_p0.0']:5.1f} / "
             f"{r['acc_p0.5']:5.1f} / {r['acc_p1.0']:5.1f}  probe label {r['probe_label']:5.1f} "
-            f"colour {r['probe_colour']:5.1f}{clamp}"
+            f"colour {r['probe_colour']:5.1f}  zero {r['zero_features']:5.1f}  live "
+            f"{r['live_units']:5.1f}{clamp}"
         )
     print(json.dumps(rows))
 
