@@ -162,3 +162,20 @@ def test_describe_scenario_lists_every_client():
     assert sum(c["train"] for c in info["per_client"]) > 0
     assert invoke("describe", "scenario", "nope").exit_code == 2
     assert invoke("describe", "algorithm", "fedavg").exit_code == 2
+
+
+def test_every_command_has_a_one_line_summary_in_the_help():
+    """`fedshift --help` lists each command by its docstring's first paragraph, joined into
+    one line (Typer keeps the docstring's line breaks, which cut sentences mid-phrase)."""
+    import click
+    import typer
+
+    root = typer.main.get_command(app)
+    groups = [root] + [c for c in root.commands.values() if isinstance(c, click.Group)]
+    commands = [c for g in groups for c in g.commands.values() if not isinstance(c, click.Group)]
+    assert len(commands) >= 15
+    for command in commands:
+        assert command.short_help, command.name
+        assert "\n" not in command.short_help and "``" not in command.short_help, command.name
+    listing = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "200"}).output
+    assert "a run preset or TOML file, or one method of a paper table" in listing

@@ -1,7 +1,10 @@
 """Options that take one value may be given once: click silently keeps the last of
-``--rounds 3 --rounds 5``, which hides a mistake in a long command line."""
+``--rounds 3 --rounds 5``, which hides a mistake in a long command line. And a command's
+line in ``fedshift --help`` is its docstring's first paragraph on one line."""
 
 from __future__ import annotations
+
+import inspect
 
 import typer
 from rich.console import Console
@@ -13,6 +16,12 @@ from .config import canonical
 class OnceCommand(TyperCommand):
     """A command that refuses a single-value option given twice with different values
     (one line on stderr, exit code 2, like every other bad input)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.short_help and self.help:  # Typer's list keeps the docstring's breaks
+            first = inspect.cleandoc(self.help).split("\n\n")[0]
+            self.short_help = " ".join(first.split()).replace("``", "`")
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         single = {}
