@@ -103,7 +103,7 @@ def run(
     imports: ImportOption = None,
 ) -> None:
     """Run one experiment (or one per seed) and record it in the run store: a run preset
-    or TOML file, or one method of a paper table (``TABLE --method NAME``)."""
+    or TOML file, or one method of a paper table (`TABLE --method NAME`)."""
     from .config import add_options, command_configs, parse_set
     from .tables import table_row
 
