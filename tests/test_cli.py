@@ -68,6 +68,21 @@ def test_list_algorithms_has_the_first_four():
     assert {"fedavg", "fedprox", "local", "ftfa"} <= names
 
 
+def test_list_descriptions_are_whole_sentences_not_first_lines():
+    """A docstring's or preset comment's first sentence runs over line breaks: the listing
+    gives all of it, on one line, not the first line cut mid-title."""
+    algorithms = {
+        it["name"]: it["help"] for it in last_json(invoke("list", "algorithms", "--json").stdout)
+    }
+    assert "Shortcut-Averse Information-Theoretic Regularization" in algorithms["fedpin"]
+    assert all("\n" not in h and "``" not in h for h in algorithms.values())
+    presets = {
+        it["name"]: it["help"] for it in last_json(invoke("list", "presets", "--json").stdout)
+    }
+    assert presets["demo"].endswith("(src/fedshift/demo.py).")
+    assert "The default demo" not in presets["demo"]  # its first sentence only
+
+
 BAD = [
     (["--set", "algorithm=nosuchalgo"], "nosuchalgo"),
     (["--set", "scenario=nosuchscenario"], "nosuchscenario"),

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import re
 import sys
 
 from .errors import FedshiftError
 from .options import describe_options
 
 
-def _first_line(doc: str | None) -> str:
-    return (doc or "").strip().splitlines()[0].strip() if doc else ""
+def _first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line (an algorithm's names its paper, whose
+    title runs over the docstring's line breaks)."""
+    first = (doc or "").strip().split("\n\n")[0]
+    return " ".join(first.split()).replace("``", "`")
+
+
+def _comment_summary(text: str) -> str:
+    """A preset file's leading comment, up to its first full stop: the comment's first
+    sentence may run over several lines."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    joined = " ".join(lines)
+    return re.split(r"(?<=\.)\s+(?=[A-Z])", joined, maxsplit=1)[0]
 
 
 def _entries(registry) -> list[dict]:
@@ -31,8 +47,8 @@ def catalog(what: str) -> list[dict]:
         return [
             {
                 "name": n,
-                "help": _first_line(sys.modules[ALGORITHMS.get(n).__module__].__doc__)
-                or _first_line(ALGORITHMS.get(n).__doc__),  # a class of a notebook or script
+                "help": _first_paragraph(sys.modules[ALGORITHMS.get(n).__module__].__doc__)
+                or _first_paragraph(ALGORITHMS.get(n).__doc__),  # a class of a notebook or script
                 "personalized": ALGORITHMS.get(n).personalized,
                 "options": describe_options(ALGORITHMS.get(n).Hyper),
             }
@@ -52,7 +68,7 @@ def catalog(what: str) -> list[dict]:
         return [
             {
                 "name": n,
-                "help": _first_line(preset_text(n).lstrip("# ")),
+                "help": _comment_summary(preset_text(n)),
                 "options": [],
                 "kind": "preset",
             }
