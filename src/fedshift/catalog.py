@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 
@@ -9,10 +10,10 @@ from .errors import FedshiftError
 from .options import describe_options
 
 
-def _first_paragraph(doc: str | None) -> str:
+def first_paragraph(doc: str | None) -> str:
     """A docstring's first paragraph on one line (an algorithm's names its paper, whose
-    title runs over the docstring's line breaks)."""
-    first = (doc or "").strip().split("\n\n")[0]
+    title runs over the docstring's line breaks; a command's summary in ``--help``)."""
+    first = inspect.cleandoc(doc or "").split("\n\n")[0]
     return " ".join(first.split()).replace("``", "`")
 
 
@@ -47,8 +48,8 @@ def catalog(what: str) -> list[dict]:
         return [
             {
                 "name": n,
-                "help": _first_paragraph(sys.modules[ALGORITHMS.get(n).__module__].__doc__)
-                or _first_paragraph(ALGORITHMS.get(n).__doc__),  # a class of a notebook or script
+                "help": first_paragraph(sys.modules[ALGORITHMS.get(n).__module__].__doc__)
+                or first_paragraph(ALGORITHMS.get(n).__doc__),  # a class of a notebook or script
                 "personalized": ALGORITHMS.get(n).personalized,
                 "options": describe_options(ALGORITHMS.get(n).Hyper),
             }

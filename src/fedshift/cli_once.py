@@ -4,12 +4,11 @@ line in ``fedshift --help`` is its docstring's first paragraph on one line."""
 
 from __future__ import annotations
 
-import inspect
-
 import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperOption
 
+from .catalog import first_paragraph
 from .config import canonical
 
 
@@ -20,8 +19,7 @@ class OnceCommand(TyperCommand):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if not self.short_help and self.help:  # Typer's list keeps the docstring's breaks
-            first = inspect.cleandoc(self.help).split("\n\n")[0]
-            self.short_help = " ".join(first.split()).replace("``", "`")
+            self.short_help = first_paragraph(self.help)
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         single = {}

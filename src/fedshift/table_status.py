@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from statistics import mean, median, stdev
+from statistics import mean, median
 from typing import Any
 
+from .eval.metrics import mean_std
 from .jobs import config_identity, runs_by_config
 from .reproduce import method_runs, plan_table
 from .results.store import RunStore
@@ -73,11 +74,10 @@ def _so_far(rows: list[dict], metrics: list[str]) -> list[dict]:
         if value is not None:
             entry["value"] = value
         for m in metrics:
-            got = [r["metrics"][m] for r in done if r["metrics"].get(m) is not None]
-            entry[m] = {
-                "mean": mean(got) if got else None,
-                "std": stdev(got) if len(got) > 1 else None,
-            }
+            got = [r["metrics"].get(m) for r in done]
+            mu, sd = mean_std(got)  # the reports' mean and sample std
+            n = sum(v is not None for v in got)
+            entry[m] = {"mean": mu if n else None, "std": sd if n > 1 else None}
         entry["degenerate"] = any(r["degenerate"] for r in done)
         entry["published"] = group[0]["published"]
         summary.append(entry)

@@ -195,15 +195,14 @@ def model_checks(results: list[MethodResult]) -> list[list[str]]:
     def seeds(r: MethodResult, key: str, digits: int = 1) -> str:
         return ", ".join(_f(s.get(key), digits) for s in r.per_seed)
 
+    recorded = ("train_accuracy_pooled", "constant_clients", "train_saturated_share")
     rows = []
     for r in results:
-        recorded = ("train_accuracy_pooled", "constant_clients", "train_saturated_share")
         if not any(s.get(k) is not None for s in r.per_seed for k in recorded):
             continue
-        share = seeds(r, "train_majority_share")
-        if len(set(share.split(", "))) == 1:  # the same rows every seed: say it once
-            share = share.split(", ")[0]
-        fit = f"{seeds(r, 'train_accuracy_pooled')} ({share})"
+        shares = {_f(s.get("train_majority_share")) for s in r.per_seed}
+        share = shares.pop() if len(shares) == 1 else seeds(r, "train_majority_share")
+        fit = f"{seeds(r, 'train_accuracy_pooled')} ({share})"  # one share if seeds agree
         rows.append(
             [
                 r.method.name + degenerate_mark(r),
