@@ -32,3 +32,22 @@ def test_columns_sets_the_width_of_a_log(monkeypatch):
     assert cli_output._console(stderr=False).width == 90
     monkeypatch.delenv("COLUMNS")
     assert cli_output._console(stderr=False).width == cli_output.LOG_WIDTH
+
+
+def test_fedshift_warnings_print_as_one_line(monkeypatch, capsys):
+    """The CLI shows its own warnings as one 'warning:' line (no file, line number or source
+    line); other warnings keep Python's form."""
+    import warnings
+
+    from fedshift.cli import show_warnings_as_lines
+    from fedshift.errors import FedshiftWarning
+
+    others = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *a, **k: others.append(message))
+    show_warnings_as_lines()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.warn("pfedme: lr × λ = 4.5 > 2", FedshiftWarning, stacklevel=1)
+        warnings.warn("something else", RuntimeWarning, stacklevel=1)
+    assert capsys.readouterr().err.splitlines() == ["warning: pfedme: lr × λ = 4.5 > 2"]
+    assert [str(m) for m in others] == ["something else"]  # Python's own display

@@ -4,6 +4,7 @@ scripts rely on (checked by ``shared/tools/contract-smoke``): keep them stable."
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Annotated
 
@@ -40,7 +41,7 @@ from .cli_output import (  # noqa: F401
 )
 from .cli_reproduce import reproduce
 from .cli_store import export_, import_, rescore, runs, show
-from .errors import FedshiftError
+from .errors import FedshiftError, FedshiftWarning
 from .flower.cli import app as flower_app
 from .results.store import DEFAULT_DB
 
@@ -582,7 +583,24 @@ def export_partition(
 
 
 def main() -> None:
+    show_warnings_as_lines()
     app()
+
+
+def show_warnings_as_lines() -> None:
+    """fedshift's own warnings (``FedshiftWarning``) as one ``warning:`` line on stderr,
+    without Python's file, line number and source line; other warnings as Python shows them."""
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, FedshiftWarning):
+            err.print(
+                f"[yellow]warning:[/yellow] {escape(str(message))}", highlight=False, soft_wrap=True
+            )
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ class FedshiftError(ValueError):
     """Bad input from the user (unknown name, bad value, missing file): one clear sentence."""
 
 
+class FedshiftWarning(UserWarning):
+    """A setting that runs but is likely not what the user wants (FedBN without BatchNorm,
+    a pFedMe step that overshoots): the CLI prints it as one ``warning:`` line."""
+
+
 def did_you_mean(word: str, choices) -> str:
     """' (did you mean 'x'?)' when ``word`` is a likely typo of one of ``choices``, else ''."""
     import difflib

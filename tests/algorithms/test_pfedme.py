@@ -121,3 +121,20 @@ def test_pfedme_trains_the_same_through_the_cohort_step(monkeypatch, execution):
     for k, v in flatten(per_client.result.server).items():
         torch.testing.assert_close(flatten(cohort.result.server)[k], v, msg=k)
     torch.testing.assert_close(cohort.result.accuracy, per_client.result.accuracy)
+
+
+def test_pfedme_warns_when_its_step_overshoots_the_personal_model():
+    """lr·λ > 2 moves w further from θ̃ than it was (|1 − lr·λ| > 1): warned, named as
+    pFedMe's step, not an SGD lr; lr·λ ≤ 2 is silent."""
+    import warnings
+
+    from fedshift.errors import FedshiftWarning
+
+    exp = build_experiment(
+        make_config(algorithm="pfedme", **{**SETTINGS, "lr": 0.3}), data=toy_data(sizes=SIZES)
+    )
+    with pytest.warns(FedshiftWarning, match=r"pfedme: lr × λ = 4.5 > 2"):
+        PFedMe(PFedMeHyper(lambda_=15.0), exp.ctx)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PFedMe(PFedMeHyper(lambda_=6.0), exp.ctx)  # lr·λ = 1.8

@@ -23,6 +23,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..engine.contract import Tree, select, stack
+from ..errors import FedshiftWarning
 from ..models.layers import batchnorm_keys
 from ..options import opt
 from .base import ClientResult, Payload, Prediction, register_algorithm
@@ -52,6 +53,7 @@ class FedBN(GlobalModelAlgorithm):
             warnings.warn(
                 "fedbn: the model has no BatchNorm layers, so FedBN is FedAvg here; "
                 "use a model with BatchNorm (e.g. model=dfl-cnn or resnet18)",
+                FedshiftWarning,
                 stacklevel=2,
             )
 

@@ -27,6 +27,7 @@ w, so w stays at the broadcast model.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ from ..engine.contract import (
     update_rule,
     weighted_mean,
 )
+from ..errors import FedshiftWarning
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
 from .common.global_model import model_state, split_state
@@ -66,6 +68,19 @@ class PFedMe(Algorithm):
     personalized = True
     reset_personal = True  # θ_i starts each round from the received w (authors' code)
     trains_unsampled = True  # the authors' server trains every user, sampled ones upload
+
+    def __init__(self, hyper, ctx) -> None:
+        super().__init__(hyper, ctx)
+        step = ctx.sgd.lr * self.prox_weight()
+        if step > 2:
+            warnings.warn(
+                f"{self.name}: lr × λ = {step:.3g} > 2, so the local step "
+                "w ← w − lr·λ(w − θ̃) throws w past θ̃ by more than their distance and can "
+                f"diverge; pFedMe's lr is not an SGD step on the risk (lr ≤ 1/λ = "
+                f"{1 / self.prox_weight():.3g} never overshoots)",
+                FedshiftWarning,
+                stacklevel=2,
+            )
 
     def init(self) -> Tree:
         return model_state(self.ctx.initial_params, self.ctx.initial_buffers)
