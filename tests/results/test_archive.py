@@ -48,6 +48,33 @@ def test_an_exported_run_imports_into_a_fresh_store_as_it_was(tmp_path):
         import_runs(fresh, [path])
 
 
+def test_a_large_record_is_written_compressed_and_imports_the_same(tmp_path, monkeypatch):
+    """Over COMPRESS_OVER bytes a record is written as .json.gz (bytes reproducible), the
+    other form of the same run is removed, and import reads it as it reads plain JSON."""
+    import gzip
+
+    from fedshift.results import archive
+
+    db = tmp_path / "a.db"
+    run = fs.run(db=db, seed=0, **SETTINGS)
+    (plain,) = export_runs(db, [run.run_id], tmp_path / "out")
+    monkeypatch.setattr(archive, "COMPRESS_OVER", 100)
+    (packed,) = export_runs(db, [run.run_id], tmp_path / "out")
+    assert packed.name == f"{run.run_id}.json.gz" and not plain.exists()
+    first = packed.read_bytes()
+    assert len(first) < len(gzip.decompress(first)) / 3
+    export_runs(db, [run.run_id], tmp_path / "out")
+    assert packed.read_bytes() == first  # committed evidence does not churn
+    (row,) = import_runs(tmp_path / "b.db", [tmp_path / "out"])
+    assert row["action"] == "imported"
+    a, b = RunStore(db).run(run.run_id), RunStore(tmp_path / "b.db").run(run.run_id)
+    for key in ("metrics", "client_accuracy", "config"):
+        assert a[key] == b[key], key
+    packed.write_bytes(first[:40])  # a truncated download: one sentence, no traceback
+    with pytest.raises(FedshiftError, match="not a readable exported run"):
+        import_runs(tmp_path / "c.db", [packed])
+
+
 def test_a_sweeps_exported_runs_are_reused_by_a_resumed_sweep_elsewhere(tmp_path, monkeypatch):
     from fedshift.sweep import run_sweep
 
