@@ -110,9 +110,8 @@ def _raw(store: RunStore, run_id: str) -> dict[str, Any]:
 
 def import_runs(db: str | Path, files: Iterable[str | Path]) -> list[dict[str, str]]:
     """Put each exported run file (or every ``*.json`` / ``*.json.gz`` of a folder) into the
-    store ``db``;
-    one entry per run: its id, method and what happened (``imported``, or ``present`` when
-    the store holds that run already with the same result)."""
+    store ``db``; one entry per run: its id, method and what happened (``imported``, or
+    ``present`` when the store holds that run already with the same result)."""
     paths = _files(files)
     records = [_read(p) for p in paths]  # every file checked before anything is written
     store = RunStore(db)
@@ -124,7 +123,7 @@ def _files(files: Iterable[str | Path]) -> list[Path]:
     for f in files:
         p = Path(f)
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.name.endswith(SUFFIXES))
+            found = sorted(q for q in p.iterdir() if q.name.endswith(SUFFIXES))
             if not found:
                 raise FedshiftError(
                     f"the folder {str(p)!r} holds no exported run (*.json or *.json.gz)"
