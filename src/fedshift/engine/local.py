@@ -49,6 +49,7 @@ from .execution import (
     worker_thread,
 )
 from .fused import FusedMLPStep, declares_corrected_cross_entropy, proximal_weight
+from .fused_conv import FusedConvStep
 from .fused_heads import FusedGroupedHeads
 from .risk import written_gradient
 from .rule import is_batched_rule, is_update_rule, update_rule
@@ -426,6 +427,28 @@ class LocalTrainer:
         clients = list(range(len(order)))
         return self._map_clients(run_client, clients, steps.tolist(), self._workers(loss_fn, call))
 
+    def _train_fused_conv(
+        self, step: FusedConvStep, call: _Call, momentum: Tree, steps: Tensor
+    ) -> Tensor:
+        """Each client's whole schedule in turn with the fused CNN step, in place on its
+        slice of the stacked state (client groups on threads, as ``_train_sequential``);
+        returns the per-client loss sums."""
+        x, y = call.split.x, call.split.y
+
+        def run_client(j: int) -> Tensor:
+            every = {**take(call.frozen, j), **call.client_state(j)}  # views of the stack
+            mom = take(momentum, j)
+            total = torch.zeros((), device=call.idx.device)
+            for s in range(int(steps[j])):
+                self.between_steps()
+                rows = call.idx[j, s]
+                total += step.step(every, mom, x.index_select(0, rows), y[rows], call.wgt[j, s])
+            return total
+
+        clients = list(range(call.width))
+        workers = self.workers or default_workers(call.idx.device)
+        return self._map_clients(run_client, clients, steps.tolist(), workers)
+
     def _workers(self, loss_fn: LossFn, call: _Call) -> int:
         if getattr(loss_fn, "single_threaded", False):
             return 1
@@ -548,6 +571,15 @@ class LocalTrainer:
         call = _Call(
             split, idx, wgt, pc, shared or {}, trained, frozen, bufs, noise, row_extras or {}
         )
+        chain = (
+            FusedConvStep.applies(loss_fn, self.model, buffers, noise, device)
+            if active and self.fused and self.execution == "auto"
+            else None
+        )
+        if chain is not None:  # a small CNN's clients one after another (fused_conv.py)
+            fused_conv = FusedConvStep(chain, sgd, train_keys)
+            loss_sum += self._train_fused_conv(fused_conv, call, momentum, steps)
+            active = []
         if active and self._runs_sequential(loss_fn, sgd, train_keys, call, active[0]):
             loss_sum += self._train_sequential(
                 loss_fn, sgd, train_keys, call, momentum, steps, order, generators, rule
