@@ -90,8 +90,9 @@ def test_auto_times_both_and_keeps_its_choice(monkeypatch):
         return original(batched_s, sequential_s)
 
     monkeypatch.setattr("fedshift.engine.local.choose", spy)
-    # FedProx's objective: plain cross-entropy of a CNN takes the fused step, never timed
-    common = dict(algorithm="fedprox", model="lenet5", lr=0.05, batch_size=8, rounds=3)
+    # FedSR's objective: cross-entropy of a CNN (FedAvg's, FedProx's, SCAFFOLD's) takes the
+    # fused CNN step, which is never timed
+    common = dict(algorithm="fedsr", model="lenet5", lr=0.05, batch_size=8, rounds=3)
     auto = fs.run(data=tiny_images(), execution="auto", **common)
     assert len(seen) == 1, "auto measures once per objective and width, not every round"
     assert all(t > 0 for t in seen[0])
@@ -119,15 +120,14 @@ def test_a_resumed_run_takes_the_path_auto_chose(monkeypatch):
     from fedshift.experiment import build_experiment
 
     execution.clear_measurements()
-    cfg = fs.make_config(algorithm="ditto", model="lenet5", lr=0.05, batch_size=8, rounds=2)
+    # FedPAC on a CNN: its two objectives of its own (no fused CNN step) are timed
+    cfg = fs.make_config(algorithm="fedpac", model="lenet5", lr=0.05, batch_size=8, rounds=2)
     first = build_experiment(cfg, data=tiny_images())
     result = first.runner.new_result()
     result.rounds.append(first.runner.train_round(0))
     state = first.runner.state_dict(result, 1)
     assert set(state["execution"].values()) <= {"batched", "sequential"}
-    # Ditto's personal objective; its global half, plain cross-entropy of a CNN, takes the
-    # fused CNN step, which is not timed
-    assert len(state["execution"]) == 1
+    assert len(state["execution"]) == 2
 
     execution.clear_measurements()  # a fresh process would have none
 

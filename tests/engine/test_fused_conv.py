@@ -8,7 +8,6 @@ import torch
 from test_execution import assert_same_run, tiny_images
 
 import fedshift as fs
-from fedshift.engine import local
 from fedshift.engine.fused_conv import FusedConvStep, channels_last, conv_chain
 from fedshift.engine.sgd import SGDConfig
 from fedshift.experiment import build_experiment
@@ -42,6 +41,19 @@ def test_fused_cnn_step_equals_the_general_path(model, sgd, workers, count_fused
     taken = len(count_fused)
     general = fs.run(data=tiny_images(), execution="sequential", **common)
     assert len(count_fused) == taken, "a pinned execution keeps the general path"
+    assert_same_run(general, fused)
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "scaffold", "ditto"])
+@pytest.mark.parametrize("model", ["fedavg-cnn", "lenet5"])
+def test_proximal_and_corrected_objectives_take_it_too(algorithm, model, count_fused):
+    """FedProx's pull, SCAFFOLD's correction, Ditto's two objectives (per-client metrics:
+    its personal models)."""
+    common = dict(algorithm=algorithm, model=model, lr=0.05, batch_size=8, rounds=2)
+    common.update(momentum=0.5, weight_decay=0.01)
+    fused = fs.run(data=tiny_images(), execution="auto", **common)
+    assert count_fused
+    general = fs.run(data=tiny_images(), execution="sequential", **common)
     assert_same_run(general, fused)
 
 
@@ -121,13 +133,16 @@ def test_the_fused_cnn_step_only_where_it_applies():
     prox = build_experiment(
         fs.make_config(algorithm="fedprox", model="lenet5", batch_size=8), data=tiny_images()
     )
-    assert FusedConvStep.applies(prox.algorithm.loss, cnn, {}, None, "cpu") is None
+    assert FusedConvStep.applies(prox.algorithm.loss, cnn, {}, None, "cpu") is not None
+    fedsr = build_experiment(
+        fs.make_config(algorithm="fedsr", model="lenet5", batch_size=8), data=tiny_images()
+    )
+    assert FusedConvStep.applies(fedsr.algorithm.loss, cnn, {}, None, "cpu") is None
 
 
-def test_fedprox_on_a_cnn_keeps_the_general_path(count_fused):
-    fs.run(data=tiny_images(), algorithm="fedprox", model="lenet5", rounds=1, batch_size=8)
+def test_an_objective_of_its_own_keeps_the_general_path(count_fused):
+    fs.run(data=tiny_images(), algorithm="fedsr", model="lenet5", rounds=1, batch_size=8)
     assert not count_fused
-    assert local.FusedConvStep is FusedConvStep
 
 
 def test_channels_last_of_one_channel_is_channels_last_for_a_convolution():

@@ -19,7 +19,9 @@ client-after-client path, 2.1× the per-client reference loop (docs/performance.
 the general path, so a run can still be reproduced bit for bit on the path it was made on.
 
 It applies where the fused MLP step would: a loss that *is* the engine's weighted
-cross-entropy (``plain_cross_entropy``), no buffers, no noise, a CPU tensor; and a model
+cross-entropy (``plain_cross_entropy``), or that plus a proximal pull (μ/2)‖θ − a‖²
+(``proximal_cross_entropy``: FedProx, Ditto's personal objective) or a linear term ⟨θ, c⟩
+(``corrected_cross_entropy``: SCAFFOLD); no buffers, no noise, a CPU tensor; and a model
 made only of ``ToImage``, ``ZeroPad2d``, ``Conv2d``, ``ReLU``, ``MaxPool2d`` and
 ``Flatten`` followed by ``Linear``/``ReLU`` layers. It is the same mathematics as the
 general path — ``Σ_b w_b·CE_b / max(Σ_b w_b, 1)``, PyTorch's SGD with momentum and weight
@@ -35,7 +37,11 @@ import torch
 from torch import Tensor, nn
 
 from ..models.layers import ToImage
-from .fused import declares_plain_cross_entropy
+from .fused import (
+    declares_corrected_cross_entropy,
+    declares_plain_cross_entropy,
+    proximal_weight,
+)
 from .risk import cross_entropy_gradient
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree
@@ -130,14 +136,25 @@ def channels_last(a: Tensor) -> Tensor:
 
 class FusedConvStep:
     """In-place SGD steps of ONE client for weighted cross-entropy of a CNN chain
-    (``conv_chain``): ``step(params, momentum, x, y, w)`` updates the client's ``params``
-    (views into the cohort's stacked state; only ``train_keys`` change) and returns the
-    minibatch's loss before the step."""
+    (``conv_chain``): ``step(params, momentum, x, y, w, anchor)`` updates the client's
+    ``params`` (views into the cohort's stacked state; only ``train_keys`` change) and
+    returns the minibatch's loss before the step. With ``mu > 0`` the loss adds
+    (μ/2)‖θ − a‖² over the parameters ``anchor`` names (its value logged, μ(θ − a) in the
+    gradient); with ``corrected`` it adds ⟨θ, c⟩, ``anchor`` holding c (the risk logged)."""
 
-    def __init__(self, ops: list[Op], sgd: SGDConfig, train_keys: tuple[str, ...]):
+    def __init__(
+        self,
+        ops: list[Op],
+        sgd: SGDConfig,
+        train_keys: tuple[str, ...],
+        mu: float = 0.0,
+        corrected: bool = False,
+    ):
         self.ops = ops
         self.sgd = sgd
         self.train_keys = set(train_keys)
+        self.mu = mu
+        self.corrected = corrected
         # without momentum or weight decay a Linear update is one product in place
         self.plain = not sgd.momentum and not sgd.weight_decay
         # the input's gradient is needed below the lowest stage that trains
@@ -148,7 +165,12 @@ class FusedConvStep:
     def applies(
         loss_fn: Callable, model: nn.Module, buffers: Tree, noise: dict | None, device
     ) -> list[Op] | None:
-        if not declares_plain_cross_entropy(loss_fn) or buffers or noise:
+        fusable = (
+            declares_plain_cross_entropy(loss_fn)
+            or proximal_weight(loss_fn) is not None
+            or declares_corrected_cross_entropy(loss_fn)
+        )
+        if not fusable or buffers or noise:
             return None
         if torch.device(device).type != "cpu":  # one client at a time: a CPU's choice
             return None
@@ -157,7 +179,28 @@ class FusedConvStep:
     def _trains(self, op: Op) -> bool:
         return op.weight in self.train_keys or (op.bias is not None and op.bias in self.train_keys)
 
-    def step(self, params: Tree, momentum: Tree, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+    def _terms(self, params: Tree, anchor: Tree) -> tuple[Tree, Tensor | None]:
+        """What the extras add to the trained parameters' gradients (μ(θ − a) or c, taken
+        before the step) and, with a pull, its value (μ/2)·Σ‖θ − a‖² over every named one."""
+        if not anchor:
+            return {}, None
+        if self.corrected:
+            return {k: c for k, c in anchor.items() if k in self.train_keys}, None
+        gaps = {k: params[k] - a for k, a in anchor.items() if k in params}
+        value = sum(gap.square().sum() for gap in gaps.values()) * (0.5 * self.mu)
+        terms = {k: gap.mul_(self.mu) for k, gap in gaps.items() if k in self.train_keys}
+        return terms, value
+
+    def step(
+        self,
+        params: Tree,
+        momentum: Tree,
+        x: Tensor,
+        y: Tensor,
+        w: Tensor,
+        anchor: Tree | None = None,
+    ) -> Tensor:
+        terms, pull = self._terms(params, anchor or {})
         a = x
         cache: list[tuple] = []
         for op in self.ops:  # forward, keeping what each stage's backward needs
@@ -198,6 +241,8 @@ class FusedConvStep:
                     a = a.relu_()
                 cache.append((a_in, a))
         loss, delta, _ = cross_entropy_gradient(a, y, w)
+        if pull is not None:
+            loss = loss + pull
         grads: Tree = {}  # gradients that are materialised (convolutions; not-plain SGD)
         g = delta
         for i in range(len(self.ops) - 1, self.lowest - 1, -1):
@@ -209,7 +254,7 @@ class FusedConvStep:
                     g = aten.threshold_backward(g, out, 0)
                 weight = params[op.weight]
                 g_below = g @ weight if below else None  # with the weight before the update
-                self._linear_update(op, params, grads, g, a_in)
+                self._linear_update(op, params, grads, terms, g, a_in)
                 g = g_below
             elif op.kind == "conv":
                 a_in, out = saved
@@ -233,9 +278,9 @@ class FusedConvStep:
                     [mask[0], mask[1], mask[2] and op.bias is not None],
                 )
                 if mask[1]:
-                    grads[op.weight] = g_w
+                    grads[op.weight] = add_term(g_w, terms.get(op.weight))
                 if op.bias is not None and mask[2]:
-                    grads[op.bias] = g_b
+                    grads[op.bias] = add_term(g_b, terms.get(op.bias))
                 g = g_in
             elif op.kind == "pool":
                 a_in, where = saved
@@ -256,17 +301,30 @@ class FusedConvStep:
             sgd_update_(params, grads, momentum, self.sgd)
         return loss
 
-    def _linear_update(self, op: Op, params: Tree, grads: Tree, g: Tensor, a_in: Tensor) -> None:
+    def _linear_update(
+        self, op: Op, params: Tree, grads: Tree, terms: Tree, g: Tensor, a_in: Tensor
+    ) -> None:
         """The Linear layer's update: in place inside the weight-gradient product under plain
-        SGD, else its gradient kept for ``sgd_update_``."""
+        SGD (an extra term first, as its own step), else its gradient kept for
+        ``sgd_update_``."""
         lr = self.sgd.lr
         if op.weight in self.train_keys:
+            term = terms.get(op.weight)
             if self.plain:
+                if term is not None:
+                    params[op.weight].sub_(term, alpha=lr)
                 params[op.weight].addmm_(g.t(), a_in, alpha=-lr)
             else:
-                grads[op.weight] = g.t() @ a_in
+                grads[op.weight] = add_term(g.t() @ a_in, term)
         if op.bias is not None and op.bias in self.train_keys:
+            term = terms.get(op.bias)
             if self.plain:
+                if term is not None:
+                    params[op.bias].sub_(term, alpha=lr)
                 params[op.bias].sub_(g.sum(0), alpha=lr)
             else:
-                grads[op.bias] = g.sum(0)
+                grads[op.bias] = add_term(g.sum(0), term)
+
+
+def add_term(grad: Tensor, term: Tensor | None) -> Tensor:
+    return grad if term is None else grad.add_(term)

@@ -428,21 +428,27 @@ class LocalTrainer:
         return self._map_clients(run_client, clients, steps.tolist(), self._workers(loss_fn, call))
 
     def _train_fused_conv(
-        self, step: FusedConvStep, call: _Call, momentum: Tree, steps: Tensor
+        self, step: FusedConvStep, call: _Call, momentum: Tree, steps: Tensor, extras: bool
     ) -> Tensor:
         """Each client's whole schedule in turn with the fused CNN step, in place on its
         slice of the stacked state (client groups on threads, as ``_train_sequential``);
-        returns the per-client loss sums."""
+        with ``extras``, the client's extras under the parameters' names are its anchors or
+        corrections. Returns the per-client loss sums."""
         x, y = call.split.x, call.split.y
 
         def run_client(j: int) -> Tensor:
             every = {**take(call.frozen, j), **call.client_state(j)}  # views of the stack
             mom = take(momentum, j)
+            anchor = {}
+            if extras:
+                mine = {**call.shared, **take(call.per_client, j)}
+                anchor = {k: v for k, v in mine.items() if k in every}
             total = torch.zeros((), device=call.idx.device)
             for s in range(int(steps[j])):
                 self.between_steps()
                 rows = call.idx[j, s]
-                total += step.step(every, mom, x.index_select(0, rows), y[rows], call.wgt[j, s])
+                xb, yb = x.index_select(0, rows), y[rows]
+                total += step.step(every, mom, xb, yb, call.wgt[j, s], anchor)
             return total
 
         clients = list(range(call.width))
@@ -577,8 +583,10 @@ class LocalTrainer:
             else None
         )
         if chain is not None:  # a small CNN's clients one after another (fused_conv.py)
-            fused_conv = FusedConvStep(chain, sgd, train_keys)
-            loss_sum += self._train_fused_conv(fused_conv, call, momentum, steps)
+            mu, corrected = proximal_weight(loss_fn), declares_corrected_cross_entropy(loss_fn)
+            fused_conv = FusedConvStep(chain, sgd, train_keys, mu or 0.0, corrected)
+            extras = mu is not None or corrected  # the anchors or corrections, by name
+            loss_sum += self._train_fused_conv(fused_conv, call, momentum, steps, extras)
             active = []
         if active and self._runs_sequential(loss_fn, sgd, train_keys, call, active[0]):
             loss_sum += self._train_sequential(
