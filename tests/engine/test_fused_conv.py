@@ -151,3 +151,49 @@ def test_channels_last_of_one_channel_is_channels_last_for_a_convolution():
     assert torch.equal(x, y)
     out = torch.nn.functional.conv2d(y, torch.rand(4, 1, 3, 3))
     assert out.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("model", ["fedavg-cnn", "lenet5"])
+def test_pfedme_inner_descent_on_a_cnn(model, monkeypatch):
+    """pFedMe's K inner steps per minibatch through the fused CNN step, client by client:
+    the same run as autograd's (pinned sequential), per-client (personal) metrics too."""
+    calls = []
+    original = FusedConvStep.prox_descent
+
+    def counted(self, *args):
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(FusedConvStep, "prox_descent", counted)
+    common = dict(algorithm="pfedme", model=model, lr=0.05, batch_size=8, rounds=2)
+    fused = fs.run(data=tiny_images(), execution="auto", **common)
+    assert calls
+    taken = len(calls)
+    general = fs.run(data=tiny_images(), execution="sequential", **common)
+    assert len(calls) == taken
+    assert_same_run(general, fused)
+
+
+def test_prox_descent_equals_prox_solve():
+    from fedshift.algorithms.common.losses import cross_entropy
+    from fedshift.algorithms.common.proximal import prox_solve
+
+    torch.manual_seed(1)
+    model = build_model("lenet5", (1, 12, 12), 4, {})
+    keys = tuple(k for k, _ in model.named_parameters())
+    theta = {k: v.detach().clone() for k, v in model.named_parameters()}
+    anchor = {k: v + 0.05 * torch.randn_like(v) for k, v in theta.items()}
+    x, y, w = torch.rand(6, 1, 12, 12), torch.randint(0, 4, (6,)), torch.ones(6)
+    solver = FusedConvStep(conv_chain(model), SGDConfig(0.1), keys, mu=15.0)
+    before = {k: v.clone() for k, v in theta.items()}
+    solved, risk = solver.prox_descent(theta, anchor, x, y, w, 5)
+    assert all(torch.equal(theta[k], before[k]) for k in keys), "theta itself is not changed"
+
+    def loss(t):
+        return cross_entropy(torch.func.functional_call(model, t, (x,)), y, w)
+
+    expected = prox_solve(loss, theta, anchor, 15.0, 0.1, 5)
+    for k, v in expected.items():
+        torch.testing.assert_close(solved[k], v, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(risk, loss(expected), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(solved[keys[0]], theta[keys[0]])

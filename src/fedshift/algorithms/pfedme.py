@@ -15,7 +15,10 @@ and w_i ← w_i − ηλ(w_i − θ̃_i); the run's momentum and weight decay ar
 box has none). Server state: w as
 ``{"p": params, "b": buffers}``; client state: θ_i in the same form.
 For an MLP the whole cohort's K inner steps run at once with the risk's gradient written
-out and folded into each weight's update (``MLPChain.prox_descent``), not autograd's.
+out and folded into each weight's update (``MLPChain.prox_descent``), not autograd's. For a
+small CNN on a CPU under ``execution = auto`` (``fedavg-cnn``, ``lenet5``, ``cmnist-cnn``)
+each client's K inner steps run client after client through the fused CNN step
+(``FusedConvStep.prox_descent``, engine/fused_conv.py); a pinned ``execution`` keeps autograd.
 θ_i restarts from w at each round (the authors' code). Every client trains every round
 (the authors' server, ``serverpFedMe.train``: "do update for all users not only selected
 users"); only the sampled clients upload w_i. Under partial participation the others
@@ -33,13 +36,16 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.contract import (
+    SGDConfig,
     Tree,
     batched_update_rule,
+    client_by_client,
     stack,
     tree_map,
     update_rule,
     weighted_mean,
 )
+from ..engine.fused_conv import FusedConvStep, conv_chain
 from ..errors import FedshiftWarning
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
@@ -106,6 +112,32 @@ class PFedMe(Algorithm):
             return None
         return self.risk_gradient()
 
+    def conv_solver(self) -> FusedConvStep | None:
+        """The inner problem's K steps through the fused CNN step, for a small CNN on a CPU
+        under ``execution = auto`` and the plain risk (not FedSDR+pFedMe's), else ``None``."""
+        if not hasattr(self, "_conv_solver"):
+            trainer, chain = self.ctx.trainer, None
+            plain = type(self).personal_risk is PFedMe.personal_risk
+            if plain and trainer.fused and trainer.execution == "auto":
+                if self.ctx.device.type == "cpu" and not self.ctx.initial_buffers:
+                    chain = conv_chain(self.ctx.model)
+            keys = tuple(self.ctx.initial_params)
+            sgd = SGDConfig(self.hp.personal_lr)
+            solver = FusedConvStep(chain, sgd, keys, mu=self.prox_weight()) if chain else None
+            self._conv_solver = solver
+        return self._conv_solver
+
+    @client_by_client
+    @update_rule
+    def conv_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
+        """``local_step`` for one client of a small CNN, its K inner steps fused
+        (``FusedConvStep.prox_descent``), equal to ``local_step`` to float rounding."""
+        local = {k: v for k, v in params.items() if k != "pm"}
+        solved, risk = self.conv_solver().prox_descent(
+            params["pm"], local, x, y, w, self.hp.inner_steps
+        )
+        return {**self.move_towards(local, solved), "pm": solved}, risk
+
     @update_rule
     def local_step(self, params: Tree, buffers: Tree, extras: Tree, x, y, w):
         """Alg. 1 on one minibatch: K steps on f_i(θ) + λ/2‖θ − w_i‖² give θ̃; then θ ← θ̃,
@@ -151,6 +183,8 @@ class PFedMe(Algorithm):
         personal = stack(received, n, copy=False) if self.reset_personal else split_state(state)[0]
         params = {**stack(received, n, copy=False), "pm": personal}  # views: train copies
         step = self.local_step if self.inner_gradient() is None else self.cohort_step
+        if self.conv_solver() is not None:
+            step = self.conv_step
         out = self.ctx.train(
             step,
             params,

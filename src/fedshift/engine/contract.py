@@ -53,7 +53,7 @@ from torch import Tensor
 from ..data.federated import FederatedData
 from ..models.base import FedModel
 from .context import Cohort, Context
-from .execution import single_threaded
+from .execution import client_by_client, single_threaded
 from .fused import (
     corrected_cross_entropy,
     linear,
@@ -97,6 +97,7 @@ __all__ = [
     "TrainResult",
     "Tree",
     "client_order",
+    "client_by_client",
     "corrected_cross_entropy",
     "cross_entropy",
     "cross_entropy_gradient",

@@ -120,6 +120,14 @@ def single_threaded(loss):
     return loss
 
 
+def client_by_client(loss):
+    """Mark a loss (an update rule) written for ONE client's tensors and never under
+    ``vmap`` (pFedMe's fused CNN inner descent): the trainer runs it client after client,
+    whatever ``execution`` says, and does not time the batched path."""
+    loss.client_by_client = True
+    return loss
+
+
 def default_workers(device: torch.device) -> int:
     """Client-after-client threads: one per intra-op thread on CPU; one on an accelerator,
     whose kernels queue on one stream anyway."""

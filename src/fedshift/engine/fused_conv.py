@@ -201,6 +201,32 @@ class FusedConvStep:
         anchor: Tree | None = None,
     ) -> Tensor:
         terms, pull = self._terms(params, anchor or {})
+        logits, cache = self._forward(params, x)
+        loss, delta, _ = cross_entropy_gradient(logits, y, w)
+        if pull is not None:
+            loss = loss + pull
+        self._backward(params, momentum, cache, delta, terms)
+        return loss
+
+    def risk(self, params: Tree, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        """The weighted cross-entropy of ``params`` on the minibatch (a forward pass)."""
+        return cross_entropy_gradient(self._forward(params, x)[0], y, w)[0]
+
+    def prox_descent(
+        self, theta: Tree, anchor: Tree, x: Tensor, y: Tensor, w: Tensor, steps: int
+    ) -> tuple[Tree, Tensor]:
+        """``steps`` SGD steps (this step's lr) on R(θ) + (μ/2)‖θ − anchor‖² from ``theta``
+        on one minibatch, and R at the result: pFedMe's inner problem for one client, as
+        ``prox_solve`` takes it (equal to float rounding). ``theta`` is not changed."""
+        theta = {k: v.detach().clone() for k, v in theta.items()}
+        for _ in range(steps):
+            terms = {k: (theta[k] - a).mul_(self.mu) for k, a in anchor.items()}
+            logits, cache = self._forward(theta, x)
+            delta = cross_entropy_gradient(logits, y, w)[1]
+            self._backward(theta, {}, cache, delta, terms)
+        return theta, self.risk(theta, x, y, w)
+
+    def _forward(self, params: Tree, x: Tensor) -> tuple[Tensor, list[tuple]]:
         a = x
         cache: list[tuple] = []
         for op in self.ops:  # forward, keeping what each stage's backward needs
@@ -240,9 +266,11 @@ class FusedConvStep:
                 if op.relu:
                     a = a.relu_()
                 cache.append((a_in, a))
-        loss, delta, _ = cross_entropy_gradient(a, y, w)
-        if pull is not None:
-            loss = loss + pull
+        return a, cache
+
+    def _backward(
+        self, params: Tree, momentum: Tree, cache: list[tuple], delta: Tensor, terms: Tree
+    ) -> None:
         grads: Tree = {}  # gradients that are materialised (convolutions; not-plain SGD)
         g = delta
         for i in range(len(self.ops) - 1, self.lowest - 1, -1):
@@ -299,7 +327,6 @@ class FusedConvStep:
                 g = g.reshape(saved[0])
         if grads:
             sgd_update_(params, grads, momentum, self.sgd)
-        return loss
 
     def _linear_update(
         self, op: Op, params: Tree, grads: Tree, terms: Tree, g: Tensor, a_in: Tensor

@@ -89,6 +89,7 @@ def on_flat_trees(loss_fn: LossFn) -> LossFn:
         loss.gradient_batched = getattr(loss_fn, "gradient_batched", False)
     loss.__qualname__ = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
     loss.single_threaded = getattr(loss_fn, "single_threaded", False)
+    loss.client_by_client = getattr(loss_fn, "client_by_client", False)
     return loss
 
 
@@ -345,6 +346,8 @@ class LocalTrainer:
         self, loss_fn: LossFn, sgd: SGDConfig, train_keys: tuple[str, ...], call: _Call, width: int
     ) -> bool:
         """Whether this call runs client after client (``execution``; ``auto`` measures)."""
+        if getattr(loss_fn, "client_by_client", False):
+            return True
         if self.execution != "auto":
             return self.execution == "sequential"
         if width == 1:  # nothing to batch over: vmap of one is the plain step, keep it
