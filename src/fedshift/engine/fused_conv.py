@@ -1,5 +1,6 @@
-"""A fused client step for plain cross-entropy of a small CNN (``fedavg_cnn``, ``lenet5``,
-``cmnist-cnn``): a hand-written forward and backward pass, one client at a time.
+"""A fused client step for the cross-entropy of a small CNN (``fedavg-cnn``, ``lenet5``,
+``cmnist-cnn``): a hand-written forward and backward pass, one client at a time; also
+pFedMe's inner problem on such a model (``FusedConvStep.prox_descent``).
 
 On a CPU the clients' own convolutions run one after another beat one grouped convolution
 for the cohort (docs/performance.md), so the general path runs such models client after
