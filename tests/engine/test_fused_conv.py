@@ -8,10 +8,11 @@ import torch
 from test_execution import assert_same_run, tiny_images
 
 import fedshift as fs
-from fedshift.engine.fused_conv import FusedConvStep, channels_last, conv_chain
+from fedshift.engine.fused_conv import FusedConvStep
 from fedshift.engine.sgd import SGDConfig
 from fedshift.experiment import build_experiment
 from fedshift.models import build_model
+from fedshift.models.chain import channels_last, conv_chain
 
 CNNS = ["fedavg-cnn", "lenet5", "cmnist-cnn"]
 
@@ -197,3 +198,27 @@ def test_prox_descent_equals_prox_solve():
         torch.testing.assert_close(solved[k], v, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(risk, loss(expected), rtol=1e-5, atol=1e-6)
     assert not torch.equal(solved[keys[0]], theta[keys[0]])
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "ditto"])  # a shared model; personal ones
+def test_evaluation_by_the_chain_counts_as_the_module(algorithm, monkeypatch):
+    from fedshift.eval import evaluate
+
+    def run():
+        return fs.run(data=tiny_images(), algorithm=algorithm, model="lenet5", rounds=1)
+
+    seen = []
+    original = evaluate._chain_counts
+
+    def counted(*args):
+        seen.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(evaluate, "_chain_counts", counted)
+    by_chain = run()
+    assert seen, "a CNN chain on a CPU is evaluated by the fused step's forward pass"
+    monkeypatch.setattr(evaluate, "_cpu_chain", lambda *args: None)
+    by_module = run()
+    assert by_chain.metrics["per_client"] == by_module.metrics["per_client"]
+    assert torch.equal(by_chain.result.accuracy, by_module.result.accuracy)
+    assert by_chain.metrics["constant_clients"] == by_module.metrics["constant_clients"]

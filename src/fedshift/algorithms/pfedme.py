@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..engine.contract import (
+    FusedConvStep,
     SGDConfig,
     Tree,
     batched_update_rule,
@@ -45,7 +46,6 @@ from ..engine.contract import (
     update_rule,
     weighted_mean,
 )
-from ..engine.fused_conv import FusedConvStep, conv_chain
 from ..errors import FedshiftWarning
 from ..options import opt, require
 from .base import Algorithm, ClientResult, Payload, Prediction, RoundInfo, register_algorithm
@@ -116,11 +116,8 @@ class PFedMe(Algorithm):
         """The inner problem's K steps through the fused CNN step, for a small CNN on a CPU
         under ``execution = auto`` and the plain risk (not FedSDR+pFedMe's), else ``None``."""
         if not hasattr(self, "_conv_solver"):
-            trainer, chain = self.ctx.trainer, None
             plain = type(self).personal_risk is PFedMe.personal_risk
-            if plain and trainer.fused and trainer.execution == "auto":
-                if self.ctx.device.type == "cpu" and not self.ctx.initial_buffers:
-                    chain = conv_chain(self.ctx.model)
+            chain = self.ctx.fused_cnn() if plain else None
             keys = tuple(self.ctx.initial_params)
             sgd = SGDConfig(self.hp.personal_lr)
             solver = FusedConvStep(chain, sgd, keys, mu=self.prox_weight()) if chain else None

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from ..data.federated import FederatedData, Split
 from ..models.base import FedModel
+from ..models.chain import Op, conv_chain
 from .execution import replica
 from .fused import declares_plain_cross_entropy
 from .local import LocalTrainer, LossFn, TrainResult, on_flat_trees
@@ -66,6 +67,15 @@ class Context:
 
     def forward(self, params: Tree, buffers: Tree, x: Tensor) -> Tensor:
         return self.trainer.forward(params, buffers, x)
+
+    def fused_cnn(self) -> list[Op] | None:
+        """The model's CNN chain (``models/chain.py``) where the engine trains it by hand
+        (``engine/fused_conv.py``: a CPU, ``execution = auto``, no buffers), else ``None``:
+        for methods with an update rule of their own on such a model (pFedMe)."""
+        trainer = self.trainer
+        if not trainer.fused or trainer.execution != "auto" or self.device.type != "cpu":
+            return None
+        return None if self.initial_buffers else conv_chain(self.model)
 
     def cohort(self, ids: Tensor, round_: int) -> Cohort:
         sizes = self.data.train.sizes()[ids.cpu()].to(torch.float32)

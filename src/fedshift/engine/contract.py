@@ -63,6 +63,7 @@ from .fused import (
     plain_cross_entropy,
     proximal_cross_entropy,
 )
+from .fused_conv import FusedConvStep
 from .fused_heads import grouped_linear_cross_entropy
 from .local import LossFn, TrainResult
 from .risk import cross_entropy, cross_entropy_gradient, gradient_by, loss_scale, sample_mean
@@ -93,6 +94,7 @@ __all__ = [
     "Payload",
     "Prediction",
     "RoundInfo",
+    "FusedConvStep",
     "SGDConfig",
     "TrainResult",
     "Tree",

@@ -2,7 +2,13 @@
 algorithm assigns to it (``predictor``) on its own data of every test environment.
 
 A shared (global) prediction is run once over the cohort's rows; personalised predictions
-run vmapped over the cohort, each client on its own padded rows with a validity mask.
+run vmapped over the cohort, each client on its own padded rows with a validity mask. On a
+CPU a small CNN (``models/chain.conv_chain``: ``fedavg-cnn``, ``lenet5``, ``cmnist-cnn``)
+is run instead by the fused CNN step's forward pass, channels-last, in batches of
+``CHAIN_BATCH`` images, personalised models client after client: 10,201 MNIST images through
+the FedAvg CNN, 4,096 at a time, took 1.9 s as a module call against 0.66 s so (quiet,
+2 threads, 2026-11-29), and a vmapped personalised CNN is grouped convolutions over padded
+rows besides.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from ..data.federated import FederatedData, Split
+from ..models.chain import Op, chain_forward, conv_chain
 from .metrics import SATURATION_GAP
 
 Tree = Mapping[str, Tensor]
@@ -31,6 +38,14 @@ class Evaluable(Protocol):
 
 
 EVAL_BATCH = 4096  # samples per forward pass (summed over the cohort)
+CHAIN_BATCH = 256  # images per forward pass of a CNN chain: activations that stay in cache
+
+
+def _cpu_chain(ctx: Evaluable, buffers: Tree, device: torch.device) -> list[Op] | None:
+    """The model's CNN chain where evaluation runs it by hand (a CPU, no buffers)."""
+    if device.type != "cpu" or buffers:
+        return None
+    return conv_chain(ctx.model)
 
 
 def _rows(split: Split, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -82,6 +97,9 @@ def prediction_counts(
         return correct, sizes, predicted, saturated
     dev = split.x.device
     ctx.model.eval()
+    chain = _cpu_chain(ctx, buffers, dev)
+    if chain is not None:
+        return _chain_counts(chain, params, shared, split, rows, valid, sizes, k)
     if shared:
         flat_rows, owner = rows[valid], torch.arange(c).unsqueeze(1).expand(c, m)[valid]
         for lo in range(0, flat_rows.numel(), EVAL_BATCH):
@@ -122,3 +140,35 @@ def label_counts(split: Split, ids: Tensor, num_classes: int) -> Tensor:
     return torch.bincount(owner * num_classes + y, minlength=len(ids) * num_classes).view(
         len(ids), num_classes
     )
+
+
+def _chain_counts(
+    chain: list[Op],
+    params: Tree,
+    shared: bool,
+    split: Split,
+    rows: Tensor,
+    valid: Tensor,
+    sizes: Tensor,
+    k: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``prediction_counts`` for a CNN chain on a CPU, ``CHAIN_BATCH`` images at a time:
+    the cohort's rows pooled through a shared model, or each client's own rows (no padding)
+    through its stacked slice."""
+    c = rows.shape[0]
+    correct = torch.zeros(c, dtype=torch.int64)
+    predicted = torch.zeros(c * k, dtype=torch.int64)
+    saturated = torch.zeros(c, dtype=torch.int64)
+    owner = torch.arange(c).unsqueeze(1).expand_as(rows)
+    parts = [(params, rows[valid], owner[valid])] if shared else []
+    for j in range(0 if shared else c):
+        model = {name: v[j] for name, v in params.items()}
+        parts.append((model, rows[j, valid[j]], owner[j, valid[j]]))
+    for model, mine, who in parts:
+        for lo in range(0, mine.numel(), CHAIN_BATCH):
+            r, w = mine[lo : lo + CHAIN_BATCH], who[lo : lo + CHAIN_BATCH]
+            guess, sat = _guess(chain_forward(chain, model, split.x[r])[0])
+            correct += torch.bincount(w, (guess == split.y[r]).long(), c).long()
+            predicted += torch.bincount(w * k + guess, minlength=c * k)
+            saturated += torch.bincount(w, sat.long(), c).long()
+    return correct, sizes, predicted.view(c, k), saturated
