@@ -120,6 +120,12 @@ def test_the_chain_is_read_only_from_models_it_handles():
     assert conv_chain(build_model("dfl-cnn", image, 10, {})) is None  # batch norm
     assert conv_chain(build_model("resnet18", (3, 32, 32), 10, {})) is None
 
+    class Doubled(type(build_model("lenet5", image, 10, {}))):
+        def forward(self, x):  # not head(extractor(x)): the chain would be wrong
+            return 2 * super().forward(x)
+
+    assert conv_chain(Doubled(image, 10)) is None
+
 
 def test_the_fused_cnn_step_only_where_it_applies():
     cnn = build_model("fedavg-cnn", (1, 28, 28), 10, {})

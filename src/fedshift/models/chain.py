@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .base import FedModel
 from .layers import ToImage
 
 aten = torch.ops.aten
@@ -60,6 +61,8 @@ def conv_chain(model: nn.Module) -> list[Op] | None:
     """The stages of ``head(extractor(x))`` when the model is a CNN this step handles (at
     least one convolution, Linear layers only after the flatten, ReLU only after a
     convolution or a Linear layer), else ``None``."""
+    if type(model).forward is not FedModel.forward:  # not head(extractor(x)): not a chain
+        return None
     modules: list[tuple[str, nn.Module]] = []
     for part in ("extractor", "head"):
         sub = getattr(model, part, None)
