@@ -114,6 +114,14 @@ def test_fused_step_only_where_it_applies():
     assert [layer.relu for layer in mlp_layers(mlp)] == [True, False]
     assert mlp_layers(cnn) is None
 
+    class Shifted(type(mlp)):
+        def forward(self, x):  # not head(extractor(x)): the fused step would be wrong
+            return super().forward(x) + 1.0
+
+    shifted = Shifted.__new__(Shifted)
+    shifted.__dict__.update(mlp.__dict__)
+    assert mlp_layers(shifted) is None
+
     def plain(params, buffers, extras, x, y, w):
         return cross_entropy(x, y, w)
 

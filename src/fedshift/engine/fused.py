@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ..models.base import FedModel
 from .risk import cross_entropy_gradient, loss_scale
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree
@@ -112,7 +113,10 @@ class Layer:
 
 def mlp_layers(model: nn.Module) -> list[Layer] | None:
     """The Linear layers of ``head(extractor(x))`` when the model is an MLP the fused step
-    handles (Flatten/Linear/ReLU only, ReLU never first or doubled), else ``None``."""
+    handles (Flatten/Linear/ReLU only, ReLU never first or doubled), else ``None``; also
+    ``None`` for a model whose forward is not ``head(extractor(x))`` (a plugin's own)."""
+    if type(model).forward is not FedModel.forward:
+        return None
     modules: list[tuple[str, nn.Module]] = []
     for part in ("extractor", "head"):
         sub = getattr(model, part, None)
