@@ -17,18 +17,23 @@ from fedshift.models.chain import channels_last, conv_chain
 CNNS = ["fedavg-cnn", "lenet5", "cmnist-cnn"]
 
 
+def count_calls(monkeypatch, owner, name: str) -> list:
+    """A list that grows by one at each call of ``owner.name`` (patched for the test)."""
+    calls = []
+    original = getattr(owner, name)
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
 @pytest.fixture
 def count_fused(monkeypatch):
     """How many fused CNN steps a run took."""
-    calls = []
-    original = FusedConvStep.step
-
-    def counted(self, *args):
-        calls.append(1)
-        return original(self, *args)
-
-    monkeypatch.setattr(FusedConvStep, "step", counted)
-    return calls
+    return count_calls(monkeypatch, FusedConvStep, "step")
 
 
 @pytest.mark.parametrize("model", CNNS)
@@ -164,14 +169,7 @@ def test_channels_last_of_one_channel_is_channels_last_for_a_convolution():
 def test_pfedme_inner_descent_on_a_cnn(model, monkeypatch):
     """pFedMe's K inner steps per minibatch through the fused CNN step, client by client:
     the same run as autograd's (pinned sequential), per-client (personal) metrics too."""
-    calls = []
-    original = FusedConvStep.prox_descent
-
-    def counted(self, *args):
-        calls.append(1)
-        return original(self, *args)
-
-    monkeypatch.setattr(FusedConvStep, "prox_descent", counted)
+    calls = count_calls(monkeypatch, FusedConvStep, "prox_descent")
     common = dict(algorithm="pfedme", model=model, lr=0.05, batch_size=8, rounds=2)
     fused = fs.run(data=tiny_images(), execution="auto", **common)
     assert calls
@@ -213,14 +211,7 @@ def test_evaluation_by_the_chain_counts_as_the_module(algorithm, monkeypatch):
     def run():
         return fs.run(data=tiny_images(), algorithm=algorithm, model="lenet5", rounds=1)
 
-    seen = []
-    original = evaluate._chain_counts
-
-    def counted(*args):
-        seen.append(1)
-        return original(*args)
-
-    monkeypatch.setattr(evaluate, "_chain_counts", counted)
+    seen = count_calls(monkeypatch, evaluate, "_chain_counts")
     by_chain = run()
     assert seen, "a CNN chain on a CPU is evaluated by the fused step's forward pass"
     monkeypatch.setattr(evaluate, "_cpu_chain", lambda *args: None)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..models.base import FedModel
+from ..models.chain import chain_modules
 from .risk import cross_entropy_gradient, loss_scale
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree
@@ -104,6 +104,16 @@ def declares_corrected_cross_entropy(fn: Callable) -> bool:
     return bool(getattr(fn, CORRECTED_MARK, False))
 
 
+def declares_cross_entropy_step(fn: Callable) -> bool:
+    """Whether a loss is one the fused steps train: the plain risk, or it plus a proximal
+    pull (``proximal_cross_entropy``) or a linear term (``corrected_cross_entropy``)."""
+    return (
+        declares_plain_cross_entropy(fn)
+        or proximal_weight(fn) is not None
+        or declares_corrected_cross_entropy(fn)
+    )
+
+
 @dataclass(frozen=True)
 class Layer:
     weight: str  # parameter name of the [out, in] weight
@@ -115,17 +125,9 @@ def mlp_layers(model: nn.Module) -> list[Layer] | None:
     """The Linear layers of ``head(extractor(x))`` when the model is an MLP the fused step
     handles (Flatten/Linear/ReLU only, ReLU never first or doubled), else ``None``; also
     ``None`` for a model whose forward is not ``head(extractor(x))`` (a plugin's own)."""
-    if type(model).forward is not FedModel.forward:
+    modules = chain_modules(model)
+    if modules is None:
         return None
-    modules: list[tuple[str, nn.Module]] = []
-    for part in ("extractor", "head"):
-        sub = getattr(model, part, None)
-        if sub is None:
-            return None
-        if isinstance(sub, nn.Sequential):
-            modules += [(f"{part}.{n}", m) for n, m in sub.named_children()]
-        else:
-            modules.append((part, sub))
     layers: list[Layer] = []
     flatten_ok = True
     for name, m in modules:
@@ -175,12 +177,7 @@ class FusedMLPStep:
     def applies(
         loss_fn: Callable, model: nn.Module, buffers: Tree, noise: dict | None
     ) -> list[Layer] | None:
-        fusable = (
-            declares_plain_cross_entropy(loss_fn)
-            or proximal_weight(loss_fn) is not None
-            or declares_corrected_cross_entropy(loss_fn)
-        )
-        if not fusable or buffers or noise:
+        if not declares_cross_entropy_step(loss_fn) or buffers or noise:
             return None
         return mlp_layers(model)
 

@@ -37,11 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from ..models.chain import CHANNELS_LAST, Op, chain_forward, conv_chain
-from .fused import (
-    declares_corrected_cross_entropy,
-    declares_plain_cross_entropy,
-    proximal_weight,
-)
+from .fused import declares_cross_entropy_step
 from .risk import cross_entropy_gradient
 from .sgd import SGDConfig, sgd_update_
 from .tree import Tree
@@ -80,12 +76,7 @@ class FusedConvStep:
     def applies(
         loss_fn: Callable, model: nn.Module, buffers: Tree, noise: dict | None, device
     ) -> list[Op] | None:
-        fusable = (
-            declares_plain_cross_entropy(loss_fn)
-            or proximal_weight(loss_fn) is not None
-            or declares_corrected_cross_entropy(loss_fn)
-        )
-        if not fusable or buffers or noise:
+        if not declares_cross_entropy_step(loss_fn) or buffers or noise:
             return None
         if torch.device(device).type != "cpu":  # one client at a time: a CPU's choice
             return None

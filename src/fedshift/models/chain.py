@@ -57,11 +57,11 @@ def _stage(name: str, m: nn.Module) -> Op | None:
     return None
 
 
-def conv_chain(model: nn.Module) -> list[Op] | None:
-    """The stages of ``head(extractor(x))`` when the model is a CNN this step handles (at
-    least one convolution, Linear layers only after the flatten, ReLU only after a
-    convolution or a Linear layer), else ``None``."""
-    if type(model).forward is not FedModel.forward:  # not head(extractor(x)): not a chain
+def chain_modules(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The modules of ``head(extractor(x))`` in order, named as their parameters are, for a
+    model whose forward is exactly that (a plugin may override ``forward``), else ``None``:
+    what the hand-written steps (this chain, the fused MLP step) read a model from."""
+    if type(model).forward is not FedModel.forward:
         return None
     modules: list[tuple[str, nn.Module]] = []
     for part in ("extractor", "head"):
@@ -72,6 +72,16 @@ def conv_chain(model: nn.Module) -> list[Op] | None:
             modules += [(f"{part}.{n}", m) for n, m in sub.named_children()]
         else:
             modules.append((part, sub))
+    return modules
+
+
+def conv_chain(model: nn.Module) -> list[Op] | None:
+    """The stages of ``head(extractor(x))`` when the model is a CNN this step handles (at
+    least one convolution, Linear layers only after the flatten, ReLU only after a
+    convolution or a Linear layer), else ``None``."""
+    modules = chain_modules(model)
+    if modules is None:
+        return None
     ops: list[Op] = []
     flat = False
     for name, m in modules:
