@@ -219,3 +219,12 @@ def test_evaluation_by_the_chain_counts_as_the_module(algorithm, monkeypatch):
     assert by_chain.metrics["per_client"] == by_module.metrics["per_client"]
     assert torch.equal(by_chain.result.accuracy, by_module.result.accuracy)
     assert by_chain.metrics["constant_clients"] == by_module.metrics["constant_clients"]
+
+
+def test_pfedme_keeps_autograd_when_compiled_or_pinned():
+    for setting in ({"compile": True}, {"execution": "sequential"}):
+        cfg = fs.make_config(algorithm="pfedme", model="lenet5", batch_size=8, **setting)
+        exp = build_experiment(cfg, data=tiny_images())
+        assert exp.ctx.fused_cnn() is None and exp.algorithm.conv_solver() is None
+    exp = build_experiment(fs.make_config(algorithm="pfedme", model="lenet5"), data=tiny_images())
+    assert exp.algorithm.conv_solver() is not None

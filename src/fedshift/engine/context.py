@@ -70,10 +70,13 @@ class Context:
 
     def fused_cnn(self) -> list[Op] | None:
         """The model's CNN chain (``models/chain.py``) where the engine trains it by hand
-        (``engine/fused_conv.py``: a CPU, ``execution = auto``, no buffers), else ``None``:
-        for methods with an update rule of their own on such a model (pFedMe)."""
+        (``engine/fused_conv.py``: a CPU, ``execution = auto``, no buffers, not compiled: a
+        rule is compiled with its step, and this one calls ATen's kernels by hand), else
+        ``None``: for methods with an update rule of their own on such a model (pFedMe)."""
         trainer = self.trainer
-        if not trainer.fused or trainer.execution != "auto" or self.device.type != "cpu":
+        if not trainer.fused or trainer.execution != "auto" or trainer.compile:
+            return None
+        if self.device.type != "cpu":
             return None
         return None if self.initial_buffers else conv_chain(self.model)
 
