@@ -92,3 +92,20 @@ def test_over_seeds_leaves_a_diverged_seed_out_of_each_number():
     assert mean["degenerate"] and mean["degenerate_seeds"] == 1
     alone, _ = over_seeds([diverged_metrics("x")])
     assert math.isnan(alone["worst"]) and alone["per_env"] == {}
+
+
+def test_one_run_has_one_identity_however_its_options_are_written():
+    """``--grid algorithm.penalty=0.001`` (a string), a preset's 0.001 (a number) and the
+    default left out are the same run for ``--resume``; another value is not."""
+    from fedshift.jobs import _identity, canonical_options
+
+    base = {"algorithm": "fediir", "lr": 0.003, "scenario": "scm"}
+    as_string = {**base, "algorithm.penalty": "0.001"}  # FedIIR's default γ
+    assert canonical_options(as_string) == base
+    assert _identity(as_string) == _identity(base)
+    other = {**base, "algorithm.penalty": 0.01}
+    assert _identity(other) == _identity({**base, "algorithm.penalty": "0.01"})
+    assert _identity(other) != _identity(base)
+    # a method that is not registered (any more): its options are compared as written
+    stale = {"algorithm": "not-a-method", "algorithm.x": "1"}
+    assert canonical_options(stale) == stale

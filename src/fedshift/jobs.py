@@ -18,7 +18,9 @@ in one Flower simulation or deployment (``flower/run.py``); its runs' summaries 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from .config import RunConfig
 from .errors import Diverged, FedshiftError
 from .eval.metrics import HEADLINE_METRICS as METRICS
 from .eval.metrics import over_seeds
+from .options import _convert
 
 # progress(total_rounds, label) -> (bar with .stop(), on_round): the CLI's progress_bar
 Progress = Callable[[int, str], tuple[Any, Callable | None]]
@@ -161,9 +164,59 @@ MACHINE_KEYS = ("device", "data_dir", "tracking", "threads", "execution")
 
 def _identity(config: dict) -> str:
     kept = {
-        k: v for k, v in config.items() if k not in MACHINE_KEYS and not k.startswith("tracking.")
+        k: v
+        for k, v in canonical_options(config).items()
+        if k not in MACHINE_KEYS and not k.startswith("tracking.")
     }
     return json.dumps(kept, sort_keys=True, default=str)
+
+
+def _option_classes() -> dict[str, Callable[[str], type]]:
+    from .algorithms import ALGORITHMS
+    from .data import SCENARIOS
+    from .models.registry import MODELS
+
+    return {
+        "algorithm": lambda name: ALGORITHMS.get(name).Hyper,
+        "scenario": lambda name: SCENARIOS.get(name).options,
+        "model": lambda name: MODELS.get(name).options,
+    }
+
+
+def canonical_options(config: dict) -> dict:
+    """``config`` (flat) with each section's options as their declared types and those at
+    their defaults left out, so that one run has one identity however its options were
+    written: ``--grid algorithm.penalty=0.001`` gives the string "0.001", a preset the
+    number, and the default may be written out or not. Applied to stored runs' configs and
+    to new ones alike (so no match that held before is lost). A section whose options
+    cannot be read (a method no longer registered, a stale option) is left as it is."""
+    out = dict(config)
+    for section, options_of in _option_classes().items():
+        keys = [k for k in config if k.startswith(f"{section}.")]
+        name = config.get(section)
+        if not keys or not isinstance(name, str) or not name:
+            continue
+        try:
+            cls = options_of(name)
+            hints = typing.get_type_hints(cls)
+            fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+            kept = {}
+            for key in keys:
+                field = fields[key[len(section) + 1 :]]
+                value = _convert(key, hints[field.name], config[key])
+                default = (
+                    field.default
+                    if field.default is not dataclasses.MISSING
+                    else field.default_factory()
+                )
+                if value != default:
+                    kept[key] = value
+        except Exception:  # noqa: BLE001 — unreadable: the raw form, as before
+            continue
+        for key in keys:
+            del out[key]
+        out.update(kept)
+    return out
 
 
 def config_identity(cfg: RunConfig) -> str:
