@@ -107,7 +107,7 @@ class FusedConvStep:
         anchor: Tree | None = None,
     ) -> Tensor:
         terms, pull = self._terms(params, anchor or {})
-        logits, cache = self._forward(params, x)
+        logits, cache = chain_forward(self.ops, params, x)
         loss, delta, _ = cross_entropy_gradient(logits, y, w)
         if pull is not None:
             loss = loss + pull
@@ -116,7 +116,7 @@ class FusedConvStep:
 
     def risk(self, params: Tree, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
         """The weighted cross-entropy of ``params`` on the minibatch (a forward pass)."""
-        return cross_entropy_gradient(self._forward(params, x)[0], y, w)[0]
+        return cross_entropy_gradient(chain_forward(self.ops, params, x)[0], y, w)[0]
 
     def prox_descent(
         self, theta: Tree, anchor: Tree, x: Tensor, y: Tensor, w: Tensor, steps: int
@@ -127,13 +127,10 @@ class FusedConvStep:
         theta = {k: v.detach().clone() for k, v in theta.items()}
         for _ in range(steps):
             terms = {k: (theta[k] - a).mul_(self.mu) for k, a in anchor.items()}
-            logits, cache = self._forward(theta, x)
+            logits, cache = chain_forward(self.ops, theta, x)
             delta = cross_entropy_gradient(logits, y, w)[1]
             self._backward(theta, {}, cache, delta, terms)
         return theta, self.risk(theta, x, y, w)
-
-    def _forward(self, params: Tree, x: Tensor) -> tuple[Tensor, list[tuple]]:
-        return chain_forward(self.ops, params, x)
 
     def _backward(
         self, params: Tree, momentum: Tree, cache: list[tuple], delta: Tensor, terms: Tree
