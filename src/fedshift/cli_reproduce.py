@@ -75,6 +75,17 @@ def reproduce(
             "their figures), running or stopped, and which have not started"
         ),
     ] = False,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="train the table's runs in this many processes at once (one thread each "
+            "unless threads is set; output in the report folder's workers/ logs), then "
+            "report as one process would"
+        ),
+    ] = 1,
+    worker_claims: Annotated[
+        Path | None, typer.Option(hidden=True, help="internal: a --workers worker's claims")
+    ] = None,
 ) -> None:
     """Re-run a paper table: every method, same partitions, K seeds; report beside the
     published numbers with the ordering compared."""
@@ -93,6 +104,52 @@ def reproduce(
     if status:
         _status(table, db, seeds, first_seed, rounds, quick, extra, chosen, skip_missing, json_)
         return
+    if worker_claims is not None:  # one of --workers' processes: its share, no report
+        reproduce_table(
+            table,
+            seeds=seeds,
+            rounds=rounds,
+            quick=quick,
+            db=db,
+            skip_missing=skip_missing,
+            extra=extra,
+            progress=progress_bar,
+            methods=chosen,
+            first_seed=first_seed,
+            export_to=export_to,
+            claims=worker_claims,
+        )
+        return
+    if workers != 1:
+        from .table_workers import run_workers, worker_threads
+        from .tables import load_table
+
+        if workers < 1:
+            raise FedshiftError(f"--workers {workers} must be 1 or more")
+        args = [table, "--first-seed", str(first_seed), "--db", str(db)]
+        args += ["--seeds", str(seeds)] if seeds is not None else []
+        args += ["--rounds", str(rounds)] if rounds is not None else []
+        args += ["--quick"] if quick else []
+        args += ["--skip-missing"] if skip_missing else []
+        args += ["--methods", methods] if methods else []
+        args += ["--device", device] if device else []
+        args += ["--data-dir", data_dir] if data_dir else []
+        args += ["--export", str(export_to)] if export_to is not None else []
+        for module in imports or []:
+            args += ["--import", module]
+        for item in (set_ or []) + (
+            [] if "threads" in extra else [f"threads={worker_threads(workers)}"]
+        ):
+            args += ["--set", item]
+        folder = out_dir if out_dir is not None else Path("reproduce") / load_table(table).id
+        run_workers(
+            args,
+            workers,
+            db,
+            folder / "workers",
+            lambda line: err.print(escape(line), highlight=False),
+        )
+        resume = True  # every run is in the store now: the report reuses them
 
     result = reproduce_table(
         table,

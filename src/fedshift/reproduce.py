@@ -144,6 +144,7 @@ def run_table(
     resume: bool = False,
     first_seed: int = 0,
     export_to: str | Path | None = None,
+    claims: Path | None = None,
 ) -> tuple[list[MethodResult], list[str]]:
     """Run every method of ``table`` for ``seeds`` seeds; returns the results and the
     methods skipped because their algorithm is not registered. ``progress(total, label)
@@ -153,7 +154,9 @@ def run_table(
     paper-scale table spans sessions. Seeds are ``first_seed … first_seed + seeds − 1``: a
     table run on seeds other than the one its settings were selected with starts past it.
     A diverged run is a result of the table (a degenerate seed), not the end of it.
-    ``export_to``: each run ends also as a file there (``fedshift export``)."""
+    ``export_to``: each run ends also as a file there (``fedshift export``). ``claims``: a
+    worker of ``reproduce --workers`` (``table_workers``): it trains the runs it claims
+    there, one at a time, and returns no results (the parent reports)."""
     from .jobs import Job, run_jobs
     from .results.store import new_group
 
@@ -173,6 +176,24 @@ def run_table(
         ]
 
     group = new_group("table")  # the runs this command starts (reused ones keep theirs)
+    if claims is not None:
+        from .table_workers import claimed
+
+        everything = [
+            (f"{i}-{j}", job) for i, m in enumerate(plan.methods) for j, job in enumerate(jobs(m))
+        ]
+        mine = claimed([job for _, job in everything], [key for key, _ in everything], claims)
+        for _ in run_jobs(
+            mine,
+            db=db,
+            group=group,
+            progress=progress,
+            keep_diverged=True,
+            reuse=True,
+            export_to=export_to,
+        ):
+            pass
+        return [], plan.skipped
     results = []
     for m in plan.methods:
         done = list(
@@ -212,9 +233,10 @@ def reproduce(
     resume: bool = False,
     first_seed: int = 0,
     export_to: str | Path | None = None,
+    claims: Path | None = None,
 ) -> dict:
     """Run a table (or the ``methods`` of it named) and write its report; returns the
-    :func:`summary` dict."""
+    :func:`summary` dict (an empty one for a worker of ``--workers``: ``claims``)."""
     full = load_table(source)
     table = select_methods(full, methods)
     results, skipped = run_table(
@@ -229,7 +251,10 @@ def reproduce(
         resume=resume,
         first_seed=first_seed,
         export_to=export_to,
+        claims=claims,
     )
+    if claims is not None:
+        return {}
     comparison = compare(table, results)
     first = method_config(
         table, results[0].method, {**(table.quick if quick else {}), **(extra or {})}

@@ -1,0 +1,116 @@
+"""``fedshift reproduce --workers N``: a table's runs over N processes of this machine.
+
+A paper table is dozens of independent runs (methods × seeds), each of which uses a core or
+two well at the papers' batch sizes; a machine with more cores than one run uses finishes
+the table sooner by training several at once. The parent starts N copies of the same
+``reproduce`` command (``--resume``, one thread each unless ``threads`` is set, their output
+in log files), each taking the table's runs one at a time from a shared list: a run is
+claimed by creating its file in a claims folder (``os.O_EXCL``, so no run is trained twice
+and a worker that finishes early takes the next). Each run is stored in the one run store
+as it ends (the store serialises the writers). When every worker has exited the parent runs
+the command once more with ``--resume``: every run is then reused, and the report and JSON
+are written as by a single process, with the same numbers (each run's numbers depend on its
+config and seed, not on the process that trained it). Ctrl-C or SIGTERM stops every worker
+at a checkpoint; the same command with ``--resume`` continues.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from .errors import FedshiftError
+
+POLL_S = 2.0  # seconds between looks at the workers
+STOP_WAIT_S = 600.0  # how long stopped workers get to write their checkpoints
+
+
+def claimed(items: Iterable, keys: Iterable[str], claims: Path) -> Iterator:
+    """The items whose key this process claims first in ``claims`` (a file created with
+    ``O_EXCL``), claimed lazily: one just before it is handed out, so that a busy worker
+    leaves the rest to the others."""
+    for item, key in zip(items, keys, strict=True):
+        try:
+            os.close(os.open(claims / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        yield item
+
+
+def worker_threads(workers: int, cores: int | None = None) -> int:
+    """Intra-op threads per worker: the machine's cores shared out, at least one."""
+    return max(1, (cores or os.cpu_count() or 1) // workers)
+
+
+def run_workers(args: list[str], workers: int, db: str | Path, log_dir: Path, say) -> None:
+    """Run ``fedshift reproduce`` + ``args`` in ``workers`` processes that share the table's
+    runs, until all have exited; ``say(line)`` reports progress. Raises ``KeyboardInterrupt``
+    when interrupted (every worker stopped at a checkpoint first) and ``FedshiftError``
+    naming the log of a worker that failed."""
+    if workers < 1:
+        raise FedshiftError(f"--workers {workers} must be 1 or more")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    claims = Path(tempfile.mkdtemp(prefix="claims-", dir=log_dir))
+    command = [sys.executable, "-m", "fedshift.cli", "reproduce", *args]
+    command += ["--resume", "--worker-claims", str(claims)]
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    stopping = False
+
+    def stop(*_) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        for k in range(workers):
+            log = log_dir / f"worker-{k}.log"
+            with log.open("w") as out:
+                procs.append((subprocess.Popen(command, stdout=out, stderr=out), log))
+        say(f"{workers} workers on the table's runs (logs: {log_dir}/worker-*.log)")
+        claimed_before = 0
+        while any(p.poll() is None for p, _ in procs):
+            if stopping:
+                break
+            n = sum(1 for _ in claims.iterdir())
+            if n != claimed_before:
+                say(f"runs taken so far: {n}")
+                claimed_before = n
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        stopping = True
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if stopping:
+            _stop_all([p for p, _ in procs])
+        shutil.rmtree(claims, ignore_errors=True)
+    if stopping:
+        say("every worker stopped at a checkpoint; the same command with --resume continues")
+        raise KeyboardInterrupt
+    failed = [(p.returncode, log) for p, log in procs if p.returncode != 0]
+    if failed:
+        code, log = failed[0]
+        raise FedshiftError(
+            f"{len(failed)} of {workers} workers failed (exit {code}); see {log}: the runs "
+            "finished so far are in the store, and the same command with --resume continues"
+        )
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM every live worker (each stops at its round's end with a checkpoint; unlike a
+    second SIGINT after a terminal's Ctrl-C, it never cuts the round short) and wait."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()

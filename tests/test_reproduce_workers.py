@@ -1,0 +1,92 @@
+"""``fedshift reproduce --workers N``: the table's runs spread over N processes, each run
+trained once, and the report's numbers those of one process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from test_reproduce import TINY
+from typer.testing import CliRunner
+
+from fedshift.cli import app
+from fedshift.results.store import RunStore
+from fedshift.table_workers import claimed, worker_threads
+
+
+def reproduce(tmp_path, name: str, *more: str):
+    table = tmp_path / "tiny.toml"
+    table.write_text(TINY)
+    args = ["reproduce", str(table), "--rounds", "1", "--json", "--set", "threads=1"]
+    args += ["--db", str(tmp_path / f"{name}.db"), "--out", str(tmp_path / name), *more]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_two_workers_train_every_run_once_with_one_process_numbers(tmp_path):
+    serial = reproduce(tmp_path, "serial")
+    parallel = reproduce(tmp_path, "parallel", "--workers", "2")
+    store = RunStore(tmp_path / "parallel.db")
+    runs = store.runs()
+    assert len(runs) == 8 and all(r["status"] == "done" for r in runs)  # 4 methods × 2 seeds
+    assert len({(r["algorithm"], r["seed"]) for r in runs}) == 8  # none trained twice
+    for one, many in zip(serial["methods"], parallel["methods"], strict=True):
+        assert one["name"] == many["name"]
+        assert one["ours"] == many["ours"]  # each run's numbers do not depend on its process
+    assert {r["run_id"] for r in runs} == {i for m in parallel["methods"] for i in m["run_ids"]}
+    logs = sorted(p.name for p in (tmp_path / "parallel" / "workers").iterdir())
+    assert logs == ["worker-0.log", "worker-1.log"]  # the claims folder is gone
+    assert (tmp_path / "parallel" / "report.md").exists()
+
+
+def test_claims_hand_each_run_to_one_taker(tmp_path):
+    keys = [f"0-{i}" for i in range(7)]
+    first = claimed(range(7), keys, tmp_path)
+    second = claimed(range(7), keys, tmp_path)
+    taken = [next(first), next(second), next(second), next(first)]
+    taken += list(first) + list(second)
+    assert sorted(taken) == list(range(7))
+
+
+def test_bad_worker_counts_get_one_sentence(tmp_path):
+    table = tmp_path / "tiny.toml"
+    table.write_text(TINY)
+    args = ["reproduce", str(table), "--quick", "--db", str(tmp_path / "w.db"), "--workers", "0"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--workers 0 must be 1 or more" in result.output
+    assert worker_threads(2, cores=2) == 1 and worker_threads(4, cores=16) == 4
+    assert worker_threads(3, cores=2) == 1
+
+
+def test_stopping_the_parent_stops_every_worker_at_a_checkpoint(tmp_path):
+    """SIGTERM to ``reproduce --workers 2``: both workers stop at a checkpoint, nothing runs
+    on, and the same command with --resume finishes the table from there."""
+    table = tmp_path / "tiny.toml"
+    table.write_text(TINY)
+    db = tmp_path / "stop.db"
+    cmd = [sys.executable, "-m", "fedshift.cli", "reproduce", str(table), "--rounds", "120"]
+    cmd += ["--workers", "2", "--db", str(db), "--out", str(tmp_path / "out")]
+    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until both workers are inside a run
+        rows = RunStore(db).runs() if db.exists() else []
+        if sum(r["status"] == "running" and r["rounds_done"] > 2 for r in rows) == 2:
+            break
+        time.sleep(0.5)
+    parent.send_signal(signal.SIGTERM)
+    output = parent.communicate(timeout=120)[0]
+    assert parent.returncode == 130, output
+    assert "stopped at a checkpoint" in output
+    rows = RunStore(db).runs()
+    assert {r["status"] for r in rows} <= {"done", "interrupted"}
+    stopped = [r for r in rows if r["status"] == "interrupted"]
+    assert len(stopped) == 2 and all(r["rounds_done"] > 0 for r in stopped)
+    assert not list((tmp_path / "out" / "workers").glob("claims-*"))
+    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    rows = RunStore(db).runs()
+    assert len(rows) == 8 and all(r["status"] == "done" for r in rows)
