@@ -41,6 +41,9 @@ def test_two_workers_train_every_run_once_with_one_process_numbers(tmp_path):
     logs = sorted(p.name for p in (tmp_path / "parallel" / "workers").iterdir())
     assert logs == ["worker-0.log", "worker-1.log"]  # the claims folder is gone
     assert (tmp_path / "parallel" / "report.md").exists()
+    again = reproduce(tmp_path, "parallel", "--workers", "2", "--resume")  # all reused
+    assert len(RunStore(tmp_path / "parallel.db").runs()) == 8
+    assert [m["run_ids"] for m in again["methods"]] == [m["run_ids"] for m in parallel["methods"]]
 
 
 def test_claims_hand_each_run_to_one_taker(tmp_path):

@@ -115,6 +115,7 @@ def reproduce(
             extra=extra,
             progress=progress_bar,
             methods=chosen,
+            resume=resume,
             first_seed=first_seed,
             export_to=export_to,
             claims=worker_claims,
@@ -130,6 +131,7 @@ def reproduce(
         args += ["--seeds", str(seeds)] if seeds is not None else []
         args += ["--rounds", str(rounds)] if rounds is not None else []
         args += ["--quick"] if quick else []
+        args += ["--resume"] if resume else []
         args += ["--skip-missing"] if skip_missing else []
         args += ["--methods", methods] if methods else []
         args += ["--device", device] if device else []
@@ -149,7 +151,7 @@ def reproduce(
             folder / "workers",
             lambda line: err.print(escape(line), highlight=False),
         )
-        resume = True  # every run is in the store now: the report reuses them
+        resume = True  # every run is in the store now (the newest of its config): reused
 
     result = reproduce_table(
         table,

@@ -189,7 +189,7 @@ def run_table(
             group=group,
             progress=progress,
             keep_diverged=True,
-            reuse=True,
+            reuse=resume,
             export_to=export_to,
         ):
             pass

@@ -3,15 +3,16 @@
 A paper table is dozens of independent runs (methods × seeds), each of which uses a core or
 two well at the papers' batch sizes; a machine with more cores than one run uses finishes
 the table sooner by training several at once. The parent starts N copies of the same
-``reproduce`` command (``--resume``, one thread each unless ``threads`` is set, their output
-in log files), each taking the table's runs one at a time from a shared list: a run is
-claimed by creating its file in a claims folder (``os.O_EXCL``, so no run is trained twice
-and a worker that finishes early takes the next). Each run is stored in the one run store
-as it ends (the store serialises the writers). When every worker has exited the parent runs
-the command once more with ``--resume``: every run is then reused, and the report and JSON
-are written as by a single process, with the same numbers (each run's numbers depend on its
-config and seed, not on the process that trained it). Ctrl-C or SIGTERM stops every worker
-at a checkpoint; the same command with ``--resume`` continues.
+``reproduce`` command (one thread each unless ``threads`` is set, their output in log
+files; ``--resume`` if the command has it), each taking the table's runs one at a time from
+a shared list: a run is claimed by creating its file in a claims folder (``os.O_EXCL``, so
+no run is trained twice and a worker that finishes early takes the next). Each run is
+stored in the one run store as it ends (the store serialises the writers). When every
+worker has exited the parent runs the command once more with ``--resume``: every run is
+then reused (the newest of its configuration), and the report and JSON are written as by a
+single process, with the same numbers (each run's numbers depend on its config and seed, not
+on the process that trained it). Ctrl-C or SIGTERM stops every worker at a checkpoint; the
+same command with ``--resume`` continues.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def run_workers(args: list[str], workers: int, db: str | Path, log_dir: Path, sa
     log_dir.mkdir(parents=True, exist_ok=True)
     claims = Path(tempfile.mkdtemp(prefix="claims-", dir=log_dir))
     command = [sys.executable, "-m", "fedshift.cli", "reproduce", *args]
-    command += ["--resume", "--worker-claims", str(claims)]
+    command += ["--worker-claims", str(claims)]
     procs: list[tuple[subprocess.Popen, Path]] = []
     stopping = False
 
