@@ -37,6 +37,7 @@ from .cli_output import (  # noqa: F401
     print_json,
     print_run_summary,
     progress_bar,
+    say,
     summary_table,
 )
 from .cli_reproduce import reproduce
@@ -171,6 +172,16 @@ def sweep(
     resume: ResumeOption = False,
     export_to: ExportOption = None,
     imports: ImportOption = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="train the runs in this many processes at once (one thread each unless "
+            "threads is set; output in STORE-workers/ logs), then summarise as one process"
+        ),
+    ] = 1,
+    worker_claims: Annotated[
+        Path | None, typer.Option(hidden=True, help="internal: a --workers worker's claims")
+    ] = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
     from .config import add_options, parse_seeds, parse_set
@@ -178,6 +189,43 @@ def sweep(
 
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
+    if worker_claims is not None:  # one of --workers' processes: its share, no summary
+        run_sweep(
+            source,
+            overrides,
+            parse_grid(grid or []),
+            parse_seeds(seeds),
+            db,
+            progress_bar,
+            resume,
+            export_to=export_to,
+            claims=worker_claims,
+        )
+        return
+    if workers != 1:
+        from .config import resolve
+        from .table_workers import common_args, run_workers
+
+        if workers < 1:
+            raise FedshiftError(f"--workers {workers} must be 1 or more")
+        parse_grid(grid or [])  # bad input: one sentence here, not N workers' logs
+        args = [source] if source else []
+        args += ["--seeds", seeds] + (["--rounds", str(rounds)] if rounds is not None else [])
+        for item in grid or []:
+            args += ["--grid", item]
+        args += common_args(
+            workers,
+            db=db,
+            sets=set_ or [],
+            threads_given=resolve(source, overrides).threads != 0,
+            resume=resume,
+            device=device,
+            data_dir=data_dir,
+            export_to=export_to,
+            imports=imports,
+        )
+        run_workers("sweep", args, workers, Path(f"{Path(db).with_suffix('')}-workers"), say)
+        resume = True  # every run is in the store now (the newest of its config): reused
     result = run_sweep(
         source,
         overrides,

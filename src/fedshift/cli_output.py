@@ -81,6 +81,11 @@ def summary_table(title: str, rows: list[tuple[str, dict]], std: list[dict] | No
     return table
 
 
+def say(line: str) -> None:
+    """One plain line on stderr (progress notes: never markup, never highlighted)."""
+    err.print(escape(line), highlight=False, soft_wrap=True)
+
+
 def progress_bar(total: int, label: str):
     """The run's progress line on stderr (``fedshift.progress``) and its ``on_round``."""
     from .progress import progress_bar as bar

@@ -21,7 +21,7 @@ from .cli_options import (
     ResumeOption,
     import_first,
 )
-from .cli_output import err, fmt, out, print_json, progress_bar
+from .cli_output import err, fmt, out, print_json, progress_bar, say
 from .errors import FedshiftError
 from .results.store import DEFAULT_DB
 
@@ -122,35 +122,30 @@ def reproduce(
         )
         return
     if workers != 1:
-        from .table_workers import run_workers, worker_threads
+        from .table_workers import common_args, run_workers
         from .tables import load_table
 
         if workers < 1:
             raise FedshiftError(f"--workers {workers} must be 1 or more")
-        args = [table, "--first-seed", str(first_seed), "--db", str(db)]
+        args = [table, "--first-seed", str(first_seed)]
         args += ["--seeds", str(seeds)] if seeds is not None else []
         args += ["--rounds", str(rounds)] if rounds is not None else []
         args += ["--quick"] if quick else []
-        args += ["--resume"] if resume else []
         args += ["--skip-missing"] if skip_missing else []
         args += ["--methods", methods] if methods else []
-        args += ["--device", device] if device else []
-        args += ["--data-dir", data_dir] if data_dir else []
-        args += ["--export", str(export_to)] if export_to is not None else []
-        for module in imports or []:
-            args += ["--import", module]
-        for item in (set_ or []) + (
-            [] if "threads" in extra else [f"threads={worker_threads(workers)}"]
-        ):
-            args += ["--set", item]
-        folder = out_dir if out_dir is not None else Path("reproduce") / load_table(table).id
-        run_workers(
-            args,
+        args += common_args(
             workers,
-            db,
-            folder / "workers",
-            lambda line: err.print(escape(line), highlight=False),
+            db=db,
+            sets=set_ or [],
+            threads_given="threads" in extra,
+            resume=resume,
+            device=device,
+            data_dir=data_dir,
+            export_to=export_to,
+            imports=imports,
         )
+        folder = out_dir if out_dir is not None else Path("reproduce") / load_table(table).id
+        run_workers("reproduce", args, workers, folder / "workers", say)
         resume = True  # every run is in the store now (the newest of its config): reused
 
     result = reproduce_table(

@@ -127,6 +127,7 @@ def run_sweep(
     progress: Callable | None = None,
     resume: bool = False,
     export_to: str | Path | None = None,
+    claims: Path | None = None,
 ) -> dict[str, Any]:
     """Run every grid point with every seed and select by validation accuracy.
 
@@ -134,7 +135,8 @@ def run_sweep(
     ``resume``: a run of the same configuration already in ``db`` stands in (a finished
     one as it is, a stopped one continued from its checkpoint), so a long sweep that was
     stopped continues where it was. ``export_to``: each run ends also as a file there
-    (``fedshift export``). Returns the JSON summary of ``fedshift sweep --json``.
+    (``fedshift export``). Returns the JSON summary of ``fedshift sweep --json`` (an empty
+    one for a worker of ``sweep --workers``: ``claims``, see ``table_workers``).
     """
     from .experiment import check_options
 
@@ -154,6 +156,27 @@ def run_sweep(
     from .results.store import new_group
 
     group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
+    if claims is not None:  # a worker: the runs it claims, no summary
+        from .table_workers import claimed
+
+        keyed = [
+            (f"{p}-{i}", cfg)
+            for p, per_seed in enumerate(configs)
+            for i, cfg in enumerate(per_seed)
+        ]
+        jobs = [Job(cfg, f"{cfg.algorithm} (seed {cfg.seed})") for _, cfg in keyed]
+        mine = claimed(jobs, [key for key, _ in keyed], claims)
+        for _ in run_jobs(
+            mine,
+            db=db,
+            group=group,
+            progress=progress,
+            keep_diverged=True,
+            reuse=resume,
+            export_to=export_to,
+        ):
+            pass
+        return {}
     done = []
     for params, per_seed in zip(points, configs, strict=True):
         point = GridPoint(params)

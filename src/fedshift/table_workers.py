@@ -1,4 +1,5 @@
-"""``fedshift reproduce --workers N``: a table's runs over N processes of this machine.
+"""``fedshift reproduce --workers N`` (and ``sweep``): a table's runs over N processes of this
+machine.
 
 A paper table is dozens of independent runs (methods × seeds), each of which uses a core or
 two well at the papers' batch sizes; a machine with more cores than one run uses finishes
@@ -10,9 +11,12 @@ no run is trained twice and a worker that finishes early takes the next). Each r
 stored in the one run store as it ends (the store serialises the writers). When every
 worker has exited the parent runs the command once more with ``--resume``: every run is
 then reused (the newest of its configuration), and the report and JSON are written as by a
-single process, with the same numbers (each run's numbers depend on its config and seed, not
-on the process that trained it). Ctrl-C or SIGTERM stops every worker at a checkpoint; the
-same command with ``--resume`` continues.
+single process at the workers' thread count, with the same numbers (a run's numbers depend
+on its config, seed and thread count, not on the process that trained it). Ctrl-C or
+SIGTERM stops every worker at a checkpoint; the same command with ``--resume`` continues.
+``fedshift sweep --workers N`` shares its grid points × seeds the same way; a point that
+diverges may then have had its later seeds trained too (the workers cannot know), which the
+summary reads as one process would: up to the first diverged seed.
 """
 
 from __future__ import annotations
@@ -50,17 +54,43 @@ def worker_threads(workers: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // workers)
 
 
-def run_workers(args: list[str], workers: int, db: str | Path, log_dir: Path, say) -> None:
-    """Run ``fedshift reproduce`` + ``args`` in ``workers`` processes that share the table's
-    runs, until all have exited; ``say(line)`` reports progress. Raises ``KeyboardInterrupt``
-    when interrupted (every worker stopped at a checkpoint first) and ``FedshiftError``
-    naming the log of a worker that failed."""
+def common_args(
+    workers: int,
+    *,
+    db: str | Path,
+    sets: list[str],
+    threads_given: bool,
+    resume: bool,
+    device: str | None,
+    data_dir: str | None,
+    export_to: str | Path | None,
+    imports: list[str] | None,
+) -> list[str]:
+    """The options every worker of ``reproduce`` and ``sweep`` repeats from its parent's
+    command, with ``threads`` shared out unless the command or its config sets it."""
+    args = ["--db", str(db)]
+    args += ["--resume"] if resume else []
+    args += ["--device", device] if device else []
+    args += ["--data-dir", data_dir] if data_dir else []
+    args += ["--export", str(export_to)] if export_to is not None else []
+    for module in imports or []:
+        args += ["--import", module]
+    threads = [] if threads_given else [f"threads={worker_threads(workers)}"]
+    for item in sets + threads:
+        args += ["--set", item]
+    return args
+
+
+def run_workers(command: str, args: list[str], workers: int, log_dir: Path, say) -> None:
+    """Run ``fedshift COMMAND`` + ``args`` (``reproduce`` or ``sweep``) in ``workers``
+    processes that share its runs, until all have exited; ``say(line)`` reports progress.
+    Raises ``KeyboardInterrupt`` when interrupted (every worker stopped at a checkpoint
+    first) and ``FedshiftError`` naming the log of a worker that failed."""
     if workers < 1:
         raise FedshiftError(f"--workers {workers} must be 1 or more")
     log_dir.mkdir(parents=True, exist_ok=True)
     claims = Path(tempfile.mkdtemp(prefix="claims-", dir=log_dir))
-    command = [sys.executable, "-m", "fedshift.cli", "reproduce", *args]
-    command += ["--worker-claims", str(claims)]
+    argv = [sys.executable, "-m", "fedshift.cli", command, *args, "--worker-claims", str(claims)]
     procs: list[tuple[subprocess.Popen, Path]] = []
     stopping = False
 
@@ -73,8 +103,8 @@ def run_workers(args: list[str], workers: int, db: str | Path, log_dir: Path, sa
         for k in range(workers):
             log = log_dir / f"worker-{k}.log"
             with log.open("w") as out:
-                procs.append((subprocess.Popen(command, stdout=out, stderr=out), log))
-        say(f"{workers} workers on the table's runs (logs: {log_dir}/worker-*.log)")
+                procs.append((subprocess.Popen(argv, stdout=out, stderr=out), log))
+        say(f"{workers} workers on the {command}'s runs (logs: {log_dir}/worker-*.log)")
         claimed_before = 0
         while any(p.poll() is None for p, _ in procs):
             if stopping:
