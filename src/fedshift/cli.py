@@ -189,18 +189,15 @@ def sweep(
 
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
-    if worker_claims is not None:  # one of --workers' processes: its share, no summary
-        run_sweep(
-            source,
-            overrides,
-            parse_grid(grid or []),
-            parse_seeds(seeds),
-            db,
-            progress_bar,
-            resume,
-            export_to=export_to,
-            claims=worker_claims,
+
+    def run(resume: bool, claims: Path | None = None) -> dict:
+        points, seed_list = parse_grid(grid or []), parse_seeds(seeds)
+        return run_sweep(
+            source, overrides, points, seed_list, db, progress_bar, resume, export_to, claims
         )
+
+    if worker_claims is not None:  # one of --workers' processes: its share, no summary
+        run(resume, worker_claims)
         return
     if workers != 1:
         from .config import resolve
@@ -213,29 +210,15 @@ def sweep(
         args += ["--seeds", seeds] + (["--rounds", str(rounds)] if rounds is not None else [])
         for item in grid or []:
             args += ["--grid", item]
+        given = {"device": device, "data_dir": data_dir, "export_to": export_to}
+        threads_given = resolve(source, overrides).threads != 0
         args += common_args(
-            workers,
-            db=db,
-            sets=set_ or [],
-            threads_given=resolve(source, overrides).threads != 0,
-            resume=resume,
-            device=device,
-            data_dir=data_dir,
-            export_to=export_to,
-            imports=imports,
-        )
+            workers, db=db, sets=set_ or [], threads_given=threads_given, resume=resume,
+            imports=imports, **given,
+        )  # fmt: skip
         run_workers("sweep", args, workers, Path(f"{Path(db).with_suffix('')}-workers"), say)
         resume = True  # every run is in the store now (the newest of its config): reused
-    result = run_sweep(
-        source,
-        overrides,
-        parse_grid(grid or []),
-        parse_seeds(seeds),
-        db,
-        progress_bar,
-        resume,
-        export_to=export_to,
-    )
+    result = run(resume)
     console = err if json_ else out
     table = Table(
         title=f"sweep: {result['algorithm']} on {result['scenario']}, seeds "

@@ -104,8 +104,9 @@ def reproduce(
     if status:
         _status(table, db, seeds, first_seed, rounds, quick, extra, chosen, skip_missing, json_)
         return
-    if worker_claims is not None:  # one of --workers' processes: its share, no report
-        reproduce_table(
+
+    def run(**more) -> dict:
+        return reproduce_table(
             table,
             seeds=seeds,
             rounds=rounds,
@@ -115,11 +116,13 @@ def reproduce(
             extra=extra,
             progress=progress_bar,
             methods=chosen,
-            resume=resume,
             first_seed=first_seed,
             export_to=export_to,
-            claims=worker_claims,
+            **more,
         )
+
+    if worker_claims is not None:  # one of --workers' processes: its share, no report
+        run(resume=resume, claims=worker_claims)
         return
     if workers != 1:
         from .table_workers import common_args, run_workers
@@ -133,36 +136,16 @@ def reproduce(
         args += ["--quick"] if quick else []
         args += ["--skip-missing"] if skip_missing else []
         args += ["--methods", methods] if methods else []
+        given = {"device": device, "data_dir": data_dir, "export_to": export_to}
         args += common_args(
-            workers,
-            db=db,
-            sets=set_ or [],
-            threads_given="threads" in extra,
-            resume=resume,
-            device=device,
-            data_dir=data_dir,
-            export_to=export_to,
-            imports=imports,
-        )
+            workers, db=db, sets=set_ or [], threads_given="threads" in extra, resume=resume,
+            imports=imports, **given,
+        )  # fmt: skip
         folder = out_dir if out_dir is not None else Path("reproduce") / load_table(table).id
         run_workers("reproduce", args, workers, folder / "workers", say)
         resume = True  # every run is in the store now (the newest of its config): reused
 
-    result = reproduce_table(
-        table,
-        seeds=seeds,
-        rounds=rounds,
-        quick=quick,
-        out_dir=out_dir,
-        db=db,
-        skip_missing=skip_missing,
-        extra=extra,
-        progress=progress_bar,
-        methods=chosen,
-        resume=resume,
-        first_seed=first_seed,
-        export_to=export_to,
-    )
+    result = run(out_dir=out_dir, resume=resume)
     metrics = list(result["comparison"])
     rows = Table(title=f"{result['table']}: published / ours (accuracy %)")
     rows.add_column("method")

@@ -177,22 +177,13 @@ def run_table(
 
     group = new_group("table")  # the runs this command starts (reused ones keep theirs)
     if claims is not None:
-        from .table_workers import claimed
+        from .table_workers import train_claimed
 
-        everything = [
+        keyed = [
             (f"{i}-{j}", job) for i, m in enumerate(plan.methods) for j, job in enumerate(jobs(m))
         ]
-        mine = claimed([job for _, job in everything], [key for key, _ in everything], claims)
-        for _ in run_jobs(
-            mine,
-            db=db,
-            group=group,
-            progress=progress,
-            keep_diverged=True,
-            reuse=resume,
-            export_to=export_to,
-        ):
-            pass
+        run = {"db": db, "group": group, "progress": progress, "export_to": export_to}
+        train_claimed(keyed, claims, reuse=resume, **run)
         return [], plan.skipped
     results = []
     for m in plan.methods:

@@ -157,25 +157,15 @@ def run_sweep(
 
     group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
     if claims is not None:  # a worker: the runs it claims, no summary
-        from .table_workers import claimed
+        from .table_workers import train_claimed
 
         keyed = [
-            (f"{p}-{i}", cfg)
+            (f"{p}-{i}", Job(cfg, f"{cfg.algorithm} (seed {cfg.seed})"))
             for p, per_seed in enumerate(configs)
             for i, cfg in enumerate(per_seed)
         ]
-        jobs = [Job(cfg, f"{cfg.algorithm} (seed {cfg.seed})") for _, cfg in keyed]
-        mine = claimed(jobs, [key for key, _ in keyed], claims)
-        for _ in run_jobs(
-            mine,
-            db=db,
-            group=group,
-            progress=progress,
-            keep_diverged=True,
-            reuse=resume,
-            export_to=export_to,
-        ):
-            pass
+        run = {"db": db, "group": group, "progress": progress, "export_to": export_to}
+        train_claimed(keyed, claims, reuse=resume, **run)
         return {}
     done = []
     for params, per_seed in zip(points, configs, strict=True):

@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import FedshiftError
 
@@ -47,6 +48,17 @@ def claimed(items: Iterable, keys: Iterable[str], claims: Path) -> Iterator:
         except FileExistsError:
             continue
         yield item
+
+
+def train_claimed(keyed: list[tuple[str, Any]], claims: Path, **run: Any) -> None:
+    """A worker's share of a command's jobs: those of ``keyed`` ((key, job) pairs, the
+    same list in every worker) it claims, trained one at a time (``jobs.run_jobs`` with
+    ``run``'s arguments; a diverged run is a result, as in a table or a sweep)."""
+    from .jobs import run_jobs
+
+    mine = claimed([job for _, job in keyed], [key for key, _ in keyed], claims)
+    for _ in run_jobs(mine, keep_diverged=True, **run):
+        pass
 
 
 def worker_threads(workers: int, cores: int | None = None) -> int:
