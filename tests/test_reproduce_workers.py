@@ -61,6 +61,8 @@ def test_bad_worker_counts_get_one_sentence(tmp_path):
     args = ["reproduce", str(table), "--quick", "--db", str(tmp_path / "w.db"), "--workers", "0"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "--workers 0 must be 1 or more" in result.output
+    status = CliRunner().invoke(app, [*args[:-1], "2", "--status"])
+    assert status.exit_code == 2 and "--estimate and --status train none" in status.output
     assert worker_threads(2, cores=2) == 1 and worker_threads(4, cores=16) == 4
     assert worker_threads(3, cores=2) == 1
 

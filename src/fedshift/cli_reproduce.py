@@ -98,6 +98,10 @@ def reproduce(
     chosen = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
     if estimate and status:
         raise FedshiftError("--estimate times the table and --status reads the store: pick one")
+    if (estimate or status) and workers != 1:
+        raise FedshiftError(
+            "--workers shares out training runs; --estimate and --status train none"
+        )
     if estimate:
         _estimate(table, seeds, rounds, quick, extra, chosen, json_)
         return
