@@ -197,6 +197,9 @@ def sweep(
         )
 
     if worker_claims is not None:  # one of --workers' processes: its share, no summary
+        from .table_workers import as_worker
+
+        as_worker()
         run(resume, worker_claims)
         return
     if workers != 1:

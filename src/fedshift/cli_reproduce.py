@@ -126,6 +126,9 @@ def reproduce(
         )
 
     if worker_claims is not None:  # one of --workers' processes: its share, no report
+        from .table_workers import as_worker
+
+        as_worker()
         run(resume=resume, claims=worker_claims)
         return
     if workers != 1:

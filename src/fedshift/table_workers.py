@@ -61,6 +61,13 @@ def train_claimed(keyed: list[tuple[str, Any]], claims: Path, **run: Any) -> Non
         pass
 
 
+def as_worker() -> None:
+    """In a worker: SIGTERM (the parent's stop) acts as Ctrl-C between runs too, so a worker
+    stopped while it builds data or records a run exits cleanly; inside a run the runner's
+    own handler takes it (stop at the round's end, checkpoint)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def worker_threads(workers: int, cores: int | None = None) -> int:
     """Intra-op threads per worker: the machine's cores shared out, at least one."""
     return max(1, (cores or os.cpu_count() or 1) // workers)
