@@ -135,10 +135,9 @@ def run_workers(command: str, args: list[str], workers: int, log_dir: Path, say)
             time.sleep(POLL_S)
     except KeyboardInterrupt:
         stopping = True
-    finally:
+    finally:  # on a stop, and on any error of the parent's own: no worker is left running
         signal.signal(signal.SIGTERM, previous)
-        if stopping:
-            _stop_all([p for p, _ in procs])
+        _stop_all([p for p, _ in procs])
         shutil.rmtree(claims, ignore_errors=True)
     if stopping:
         say("every worker stopped at a checkpoint; the same command with --resume continues")
@@ -153,8 +152,9 @@ def run_workers(command: str, args: list[str], workers: int, log_dir: Path, say)
 
 
 def _stop_all(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every live worker (each stops at its round's end with a checkpoint; unlike a
-    second SIGINT after a terminal's Ctrl-C, it never cuts the round short) and wait."""
+    """SIGTERM every worker still alive and wait for them: each stops at its round's end
+    with a checkpoint (unlike a second SIGINT after a terminal's Ctrl-C, SIGTERM never cuts
+    the round short)."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
