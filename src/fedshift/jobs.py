@@ -18,9 +18,7 @@ in one Flower simulation or deployment (``flower/run.py``); its runs' summaries 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import typing
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +28,7 @@ from .config import RunConfig
 from .errors import Diverged, FedshiftError
 from .eval.metrics import HEADLINE_METRICS as METRICS
 from .eval.metrics import over_seeds
-from .options import _convert
+from .options import build_options
 
 # progress(total_rounds, label) -> (bar with .stop(), on_round): the CLI's progress_bar
 Progress = Callable[[int, str], tuple[Any, Callable | None]]
@@ -196,26 +194,21 @@ def canonical_options(config: dict) -> dict:
         name = config.get(section)
         if not keys or not isinstance(name, str) or not name:
             continue
-        try:
+        given = {key[len(section) + 1 :]: config[key] for key in keys}
+        try:  # the options as a run would build them, and the defaults the same way
             cls = options_of(name)
-            hints = typing.get_type_hints(cls)
-            fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-            kept = {}
-            for key in keys:
-                field = fields[key[len(section) + 1 :]]
-                value = _convert(key, hints[field.name], config[key])
-                default = (
-                    field.default
-                    if field.default is not dataclasses.MISSING
-                    else field.default_factory()
-                )
-                if value != default:
-                    kept[key] = value
+            built, default = build_options(cls, given, section), build_options(cls, {}, section)
         except Exception:  # noqa: BLE001 — unreadable: the raw form, as before
             continue
         for key in keys:
             del out[key]
-        out.update(kept)
+        out.update(
+            {
+                f"{section}.{field}": getattr(built, field)
+                for field in given
+                if getattr(built, field) != getattr(default, field)
+            }
+        )
     return out
 
 
