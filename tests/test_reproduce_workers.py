@@ -48,8 +48,8 @@ def test_two_workers_train_every_run_once_with_one_process_numbers(tmp_path):
 
 def test_claims_hand_each_run_to_one_taker(tmp_path):
     keys = [f"0-{i}" for i in range(7)]
-    first = claimed(range(7), keys, tmp_path)
-    second = claimed(range(7), keys, tmp_path)
+    first = claimed(zip(keys, range(7), strict=True), tmp_path)
+    second = claimed(zip(keys, range(7), strict=True), tmp_path)
     taken = [next(first), next(second), next(second), next(first)]
     taken += list(first) + list(second)
     assert sorted(taken) == list(range(7))

@@ -206,8 +206,6 @@ def sweep(
         from .config import resolve
         from .table_workers import common_args, run_workers
 
-        if workers < 1:
-            raise FedshiftError(f"--workers {workers} must be 1 or more")
         parse_grid(grid or [])  # bad input: one sentence here, not N workers' logs
         args = [source] if source else []
         args += ["--seeds", seeds] + (["--rounds", str(rounds)] if rounds is not None else [])

@@ -135,8 +135,6 @@ def reproduce(
         from .table_workers import common_args, run_workers
         from .tables import load_table
 
-        if workers < 1:
-            raise FedshiftError(f"--workers {workers} must be 1 or more")
         args = [table, "--first-seed", str(first_seed)]
         args += ["--seeds", str(seeds)] if seeds is not None else []
         args += ["--rounds", str(rounds)] if rounds is not None else []

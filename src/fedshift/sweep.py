@@ -156,22 +156,24 @@ def run_sweep(
     from .results.store import new_group
 
     group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
+    point_jobs = []  # each grid point's runs, one per seed
+    for params, per_seed in zip(points, configs, strict=True):
+        name = ", ".join(f"{k}={v}" for k, v in params.items())
+        point_jobs.append(
+            [Job(cfg, f"{name or cfg.algorithm} (seed {cfg.seed})") for cfg in per_seed]
+        )
     if claims is not None:  # a worker: the runs it claims, no summary
         from .table_workers import train_claimed
 
         keyed = [
-            (f"{p}-{i}", Job(cfg, f"{cfg.algorithm} (seed {cfg.seed})"))
-            for p, per_seed in enumerate(configs)
-            for i, cfg in enumerate(per_seed)
+            (f"{p}-{i}", job) for p, jobs in enumerate(point_jobs) for i, job in enumerate(jobs)
         ]
         run = {"db": db, "group": group, "progress": progress, "export_to": export_to}
         train_claimed(keyed, claims, reuse=resume, **run)
         return {}
     done = []
-    for params, per_seed in zip(points, configs, strict=True):
+    for params, jobs in zip(points, point_jobs, strict=True):
         point = GridPoint(params)
-        name = ", ".join(f"{k}={v}" for k, v in params.items())
-        jobs = [Job(cfg, f"{name or cfg.algorithm} (seed {cfg.seed})") for cfg in per_seed]
         runs = run_jobs(
             jobs,
             db=db,

@@ -38,11 +38,11 @@ POLL_S = 2.0  # seconds between looks at the workers
 STOP_WAIT_S = 600.0  # how long stopped workers get to write their checkpoints
 
 
-def claimed(items: Iterable, keys: Iterable[str], claims: Path) -> Iterator:
-    """The items whose key this process claims first in ``claims`` (a file created with
-    ``O_EXCL``), claimed lazily: one just before it is handed out, so that a busy worker
-    leaves the rest to the others."""
-    for item, key in zip(items, keys, strict=True):
+def claimed(keyed: Iterable[tuple[str, Any]], claims: Path) -> Iterator:
+    """The items of ``keyed`` ((key, item) pairs, the same in every worker) whose key this
+    process claims first in ``claims`` (a file created with ``O_EXCL``), claimed lazily:
+    one just before it is handed out, so that a busy worker leaves the rest to the others."""
+    for key, item in keyed:
         try:
             os.close(os.open(claims / key, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
@@ -51,13 +51,12 @@ def claimed(items: Iterable, keys: Iterable[str], claims: Path) -> Iterator:
 
 
 def train_claimed(keyed: list[tuple[str, Any]], claims: Path, **run: Any) -> None:
-    """A worker's share of a command's jobs: those of ``keyed`` ((key, job) pairs, the
-    same list in every worker) it claims, trained one at a time (``jobs.run_jobs`` with
-    ``run``'s arguments; a diverged run is a result, as in a table or a sweep)."""
+    """A worker's share of a command's jobs: those of ``keyed`` it claims, trained one at a
+    time (``jobs.run_jobs`` with ``run``'s arguments; a diverged run is a result, as in a
+    table or a sweep)."""
     from .jobs import run_jobs
 
-    mine = claimed([job for _, job in keyed], [key for key, _ in keyed], claims)
-    for _ in run_jobs(mine, keep_diverged=True, **run):
+    for _ in run_jobs(claimed(keyed, claims), keep_diverged=True, **run):
         pass
 
 
@@ -86,7 +85,10 @@ def common_args(
     imports: list[str] | None,
 ) -> list[str]:
     """The options every worker of ``reproduce`` and ``sweep`` repeats from its parent's
-    command, with ``threads`` shared out unless the command or its config sets it."""
+    command, with ``threads`` shared out unless the command or its config sets it; the
+    worker count is checked here, before anything starts."""
+    if workers < 1:
+        raise FedshiftError(f"--workers {workers} must be 1 or more")
     args = ["--db", str(db)]
     args += ["--resume"] if resume else []
     args += ["--device", device] if device else []
@@ -101,12 +103,11 @@ def common_args(
 
 
 def run_workers(command: str, args: list[str], workers: int, log_dir: Path, say) -> None:
-    """Run ``fedshift COMMAND`` + ``args`` (``reproduce`` or ``sweep``) in ``workers``
+    """Run ``fedshift COMMAND`` + ``args`` (``reproduce`` or ``sweep``; ``args`` from
+    ``common_args``, which checks ``workers``, and the command's own) in ``workers``
     processes that share its runs, until all have exited; ``say(line)`` reports progress.
     Raises ``KeyboardInterrupt`` when interrupted (every worker stopped at a checkpoint
     first) and ``FedshiftError`` naming the log of a worker that failed."""
-    if workers < 1:
-        raise FedshiftError(f"--workers {workers} must be 1 or more")
     log_dir.mkdir(parents=True, exist_ok=True)
     claims = Path(tempfile.mkdtemp(prefix="claims-", dir=log_dir))
     argv = [sys.executable, "-m", "fedshift.cli", command, *args, "--worker-claims", str(claims)]
