@@ -9,12 +9,13 @@ import subprocess
 import sys
 import time
 
+import torch
 from test_reproduce import TINY
 from typer.testing import CliRunner
 
 from fedshift.cli import app
 from fedshift.results.store import RunStore
-from fedshift.table_workers import claimed, worker_threads
+from fedshift.table_workers import claimed, worker_threads, workers_hint
 
 
 def reproduce(tmp_path, name: str, *more: str):
@@ -114,3 +115,31 @@ def test_a_sweep_over_two_workers_selects_as_one_process(tmp_path):
         "worker-0.log",
         "worker-1.log",
     ]
+
+
+def test_one_process_on_spare_cores_hears_of_workers(tmp_path, monkeypatch):
+    """Where someone watches, a table or sweep about to train several runs one after another
+    on a CPU with spare cores is told of --workers; not once every run is done (--resume),
+    nor for one run, one core or a GPU."""
+    monkeypatch.setattr("fedshift.progress.wanted", lambda progress: True)
+    monkeypatch.setattr("fedshift.crowded.usable_cores", lambda: 2)
+    table = tmp_path / "tiny.toml"
+    table.write_text(TINY)
+    db = str(tmp_path / "hint.db")
+    args = ["reproduce", str(table), "--rounds", "1", "--db", db, "--out", str(tmp_path / "o")]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "note: 8 runs to train one after another: --workers 2 trains 2 at a time" in (
+        first.output
+    )
+    again = CliRunner().invoke(app, [*args, "--resume"])  # all 8 done: nothing to share out
+    assert again.exit_code == 0 and "--workers" not in again.output
+    sweep = ["sweep", "--set", "scenario=digits-shortcut", "--grid", "lr=0.01,0.1"]
+    sweep += ["--seeds", "0,1", "--rounds", "1", "--db", str(tmp_path / "s.db")]
+    result = CliRunner().invoke(app, sweep)
+    assert result.exit_code == 0 and "note: 4 runs to train one after another" in result.output
+    assert workers_hint(1, "cpu", cores=8) is None
+    assert workers_hint(5, "cpu", cores=1) is None
+    assert "--workers 3 trains 3 at a time" in workers_hint(3, "cpu", cores=16)
+    monkeypatch.setattr("fedshift.experiment.resolve_device", lambda d: torch.device("meta"))
+    assert workers_hint(5, "cuda", cores=8) is None  # not a CPU: one process uses the device

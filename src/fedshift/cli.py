@@ -184,8 +184,8 @@ def sweep(
     ] = None,
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
-    from .config import add_options, parse_seeds, parse_set
-    from .sweep import parse_grid, run_sweep
+    from .config import add_options, parse_seeds, parse_set, resolve
+    from .sweep import grid_points, parse_grid, run_sweep
 
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
@@ -203,7 +203,6 @@ def sweep(
         run(resume, worker_claims)
         return
     if workers != 1:
-        from .config import resolve
         from .table_workers import common_args, run_workers
 
         parse_grid(grid or [])  # bad input: one sentence here, not N workers' logs
@@ -219,6 +218,15 @@ def sweep(
         )  # fmt: skip
         run_workers("sweep", args, workers, Path(f"{Path(db).with_suffix('')}-workers"), say)
         resume = True  # every run is in the store now (the newest of its config): reused
+    else:
+        from .table_workers import hint_workers
+
+        def configs() -> list:
+            points = grid_points(parse_grid(grid or [])) if grid else [{}]
+            each = [{**overrides, **p, "seed": s} for p in points for s in parse_seeds(seeds)]
+            return [resolve(source, values) for values in each]
+
+        hint_workers(configs, db, resume, say)
     result = run(resume)
     console = err if json_ else out
     table = Table(

@@ -149,7 +149,10 @@ def reproduce(
         folder = out_dir if out_dir is not None else Path("reproduce") / load_table(table).id
         run_workers("reproduce", args, workers, folder / "workers", say)
         resume = True  # every run is in the store now (the newest of its config): reused
-
+    else:
+        _hint_workers(
+            table, db, seeds, first_seed, rounds, quick, extra, chosen, skip_missing, resume
+        )
     result = run(out_dir=out_dir, resume=resume)
     metrics = list(result["comparison"])
     rows = Table(title=f"{result['table']}: published / ours (accuracy %)")
@@ -207,6 +210,22 @@ def _estimate(table, seeds, rounds, quick, extra, methods, json_) -> None:
         err.print(f"not timed (algorithm not registered): {escape(', '.join(result['skipped']))}")
     if json_:
         print_json(result)
+
+
+def _hint_workers(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, resume):
+    """A table run in one process on a CPU with spare cores: say that --workers exists."""
+    from .reproduce import method_runs, plan_table
+    from .table_workers import hint_workers
+    from .tables import load_table, select_methods
+
+    def configs() -> list:
+        chosen = select_methods(load_table(table), methods)
+        plan = plan_table(
+            chosen, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip
+        )
+        return [r.config for m in plan.methods for r in method_runs(chosen, m, plan, first_seed)]
+
+    hint_workers(configs, db, resume, say)
 
 
 def _status(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, json_) -> None:

@@ -2,7 +2,8 @@
 intra-op threads shares the cores with them and can be several times slower (W1: 3.6
 against 0.49 s a round beside three one-thread jobs on two cores; docs/performance.md).
 fedshift does not lower the thread count by itself, since the thread count can change a
-run's float rounding; it says so once, where someone watches."""
+run's float rounding on some machines' BLAS (not on the development machine's:
+benchmarks/thread_equality.py); it says so once, where someone watches."""
 
 from __future__ import annotations
 

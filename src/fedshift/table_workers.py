@@ -72,6 +72,51 @@ def worker_threads(workers: int, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // workers)
 
 
+def workers_hint(pending: int, device: str | None = None, cores: int | None = None) -> str | None:
+    """One sentence for a command about to train ``pending`` runs one after another on a
+    CPU with several cores, else ``None``: ``--workers`` would train several at once (each
+    run's numbers unchanged; at the papers' batch sizes one thread a run is also the
+    fastest thread count, docs/performance.md)."""
+    from .crowded import usable_cores
+    from .experiment import resolve_device
+
+    cores = cores or usable_cores()
+    if pending < 2 or cores < 2 or resolve_device(device or "auto").type != "cpu":
+        return None
+    n = min(cores, pending)
+    return (
+        f"{pending} runs to train one after another: --workers {n} trains {n} at a time on "
+        f"this machine's {cores} cores, one thread each (on 2 cores 1.7× faster than one "
+        "process for Table 5.1's runs; docs/reproduce.md)"
+    )
+
+
+def pending_runs(configs: list, db: str | Path, resume: bool) -> int:
+    """How many of ``configs`` a command would train: all of them, or with ``resume`` those
+    without a finished run of the same configuration in ``db``."""
+    if not resume:
+        return len(configs)
+    from .jobs import config_identity, runs_by_config
+
+    stored = runs_by_config(db)
+    done = [any(r["status"] == "done" for r in stored.get(config_identity(c), [])) for c in configs]
+    return done.count(False)
+
+
+def hint_workers(configs, db: str | Path, resume: bool, say) -> None:
+    """``say`` the ``workers_hint`` for a command that would train the runs ``configs()``
+    lists (``resume``: those not finished in ``db``), where someone watches (a terminal or
+    a notebook); elsewhere nothing is planned or read."""
+    from .progress import wanted
+
+    if not wanted(None):
+        return
+    planned = configs()
+    hint = planned and workers_hint(pending_runs(planned, db, resume), str(planned[0].device))
+    if hint:
+        say(f"note: {hint}")
+
+
 def common_args(
     workers: int,
     *,
