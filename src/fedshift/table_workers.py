@@ -74,9 +74,9 @@ def worker_threads(workers: int, cores: int | None = None) -> int:
 
 def workers_hint(pending: int, device: str | None = None, cores: int | None = None) -> str | None:
     """One sentence for a command about to train ``pending`` runs one after another on a
-    CPU with several cores, else ``None``: ``--workers`` would train several at once (each
-    run's numbers unchanged; at the papers' batch sizes one thread a run is also the
-    fastest thread count, docs/performance.md)."""
+    CPU with several cores, else ``None``: ``--workers`` would train several at once (at the
+    papers' batch sizes one thread a run was also the fastest thread count on the
+    development machine, docs/reproduce.md)."""
     from .crowded import usable_cores
     from .experiment import resolve_device
 
