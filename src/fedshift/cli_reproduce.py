@@ -214,16 +214,12 @@ def _estimate(table, seeds, rounds, quick, extra, methods, json_) -> None:
 
 def _hint_workers(table, db, seeds, first_seed, rounds, quick, extra, methods, skip, resume):
     """A table run in one process on a CPU with spare cores: say that --workers exists."""
-    from .reproduce import method_runs, plan_table
+    from .reproduce import planned_runs
     from .table_workers import hint_workers
-    from .tables import load_table, select_methods
 
     def configs() -> list:
-        chosen = select_methods(load_table(table), methods)
-        plan = plan_table(
-            chosen, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip
-        )
-        return [r.config for m in plan.methods for r in method_runs(chosen, m, plan, first_seed)]
+        plan = dict(seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip)
+        return [r.config for r in planned_runs(table, methods, first_seed, **plan)[2]]
 
     hint_workers(configs, db, resume, say)
 

@@ -131,6 +131,18 @@ def method_runs(table: Table, m: Method, plan: TablePlan, first_seed: int) -> li
     return out
 
 
+def planned_runs(
+    source: str, methods: list[str] | None = None, first_seed: int = 0, **plan: Any
+) -> tuple[Table, TablePlan, list[PlannedRun]]:
+    """A table (id or file) narrowed to ``methods``, its plan (``plan_table``'s options) and
+    every run it makes, method by method (``reproduce --status`` and the ``--workers``
+    hint read them against the store)."""
+    table = select_methods(load_table(source), methods)
+    planned = plan_table(table, **plan)
+    runs = [r for m in planned.methods for r in method_runs(table, m, planned, first_seed)]
+    return table, planned, runs
+
+
 def run_table(
     table: Table,
     *,

@@ -23,9 +23,8 @@ from typing import Any
 
 from .eval.metrics import mean_std
 from .jobs import config_identity, runs_by_config
-from .reproduce import method_runs, plan_table
+from .reproduce import planned_runs
 from .results.store import RunStore
-from .tables import load_table, select_methods
 
 STOPPED = ("interrupted", "failed", "diverged")
 
@@ -101,32 +100,38 @@ def table_status(
     runs' seconds per round, else from the median logged round of its unfinished runs
     (methods paced so are listed in ``paced_by_rounds``; those with neither, in
     ``unpaced``); ``so_far``: each method's finished seeds summarised (``_so_far``)."""
-    table = select_methods(load_table(source), methods)
-    plan = plan_table(
-        table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
+    table, plan, planned_list = planned_runs(
+        source,
+        methods,
+        first_seed,
+        seeds=seeds,
+        rounds=rounds,
+        quick=quick,
+        extra=extra,
+        skip_missing=skip_missing,
     )
     stored = runs_by_config(db)
     rows = []
-    for m in plan.methods:
-        for planned in method_runs(table, m, plan, first_seed):
-            run = _current(stored.get(config_identity(planned.config), []))
-            metrics = (run or {}).get("metrics") or {}
-            row = {
-                "method": m.name,
-                "algorithm": m.algorithm,
-                "seed": planned.seed,
-                "state": run["status"] if run else "not started",
-                "run_id": run["run_id"] if run else None,
-                "rounds": planned.config.rounds,
-                "rounds_done": run["rounds_done"] if run else 0,
-                "time_s": run.get("time_s") if run else None,
-                "metrics": {k: metrics.get(k) for k in table.metrics} if run else {},
-                "degenerate": metrics.get("degenerate") if run else None,
-                "published": dict(m.published),
-            }
-            if planned.value is not None:
-                row["value"] = planned.value
-            rows.append(row)
+    for planned in planned_list:
+        m = planned.method
+        run = _current(stored.get(config_identity(planned.config), []))
+        metrics = (run or {}).get("metrics") or {}
+        row = {
+            "method": m.name,
+            "algorithm": m.algorithm,
+            "seed": planned.seed,
+            "state": run["status"] if run else "not started",
+            "run_id": run["run_id"] if run else None,
+            "rounds": planned.config.rounds,
+            "rounds_done": run["rounds_done"] if run else 0,
+            "time_s": run.get("time_s") if run else None,
+            "metrics": {k: metrics.get(k) for k in table.metrics} if run else {},
+            "degenerate": metrics.get("degenerate") if run else None,
+            "published": dict(m.published),
+        }
+        if planned.value is not None:
+            row["value"] = planned.value
+        rows.append(row)
     pace: dict[str, list[float]] = {}
     for row in rows:
         if row["state"] == "done" and row["time_s"] and row["rounds"]:
