@@ -325,6 +325,10 @@ def test_shipped_tables_parse_and_are_listed():
         "dfl-bgcolor-mnist",
         "thesis-5.1-waterbirds8",
         "thesis-5.1-pacs6",
+        "fedipg-pacs5",
+        "fedipg-pacs50",
+        "fedipg-vlcs5",
+        "fedipg-vlcs50",
     ):
         assert required in names
     for n in names:
@@ -340,6 +344,9 @@ def test_shipped_tables_parse_and_are_listed():
         t = load_table(rot)
         assert t.sweep_key == "scenario.held_out"
         assert t.sweep_values == [0, 15, 30, 45, 60, 75]
+    for dom in ("fedipg-pacs5", "fedipg-pacs50", "fedipg-vlcs5", "fedipg-vlcs50"):
+        t = load_table(dom)  # Table II's PACS / VLCS columns: every domain held out once
+        assert t.sweep_key == "scenario.held_out" and len(t.sweep_values) == 4
     t = load_table("thesis-5.1-cmnist8")
     fedpin = next(m for m in t.methods if m.name == "FedPIN")
     assert fedpin.published == {"worst": 53.6, "average": 55.4}

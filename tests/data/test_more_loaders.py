@@ -318,6 +318,24 @@ def test_pacs_on_the_real_subset(shared_datasets):
         fs.scenario("pacs", dataset="pacs_small", held_out="moon", data_dir=shared_datasets)
 
 
+def test_pacs_one_domain_per_client_as_fedipg(shared_datasets):
+    # FedIPG's PACS-5: each client one domain, all classes; 5 clients over 3 domains: 2, 2, 1
+    every = ["dog,elephant,giraffe,guitar,horse,house,person"]
+    d = fs.scenario(
+        "pacs", dataset="pacs_small", clients=5, groups=every, held_out="photo",
+        data_dir=shared_datasets,
+    )  # fmt: skip
+    assert d.info["client_domain"] == ["art_painting"] * 2 + ["cartoon"] * 2 + ["sketch"]
+    whole = d.train.sizes() + d.val["val"].sizes()
+    assert whole.tolist() == [175, 175, 175, 175, 350]  # 350 images a domain, dealt
+    for k in range(5):
+        assert len(set(d.train.client(k)[1].tolist())) == 7  # every class
+        assert len(d.test["domain=photo"].client(k)[1]) == 350  # all of the held-out domain
+    with pytest.raises(FedshiftError, match="at least 3"):
+        fs.scenario("pacs", dataset="pacs_small", clients=2, groups=every,
+                    data_dir=shared_datasets)  # fmt: skip
+
+
 def _image(path: Path, colour) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (12, 10), colour).save(path)

@@ -8,6 +8,11 @@ domain restricted to its own classes ("same classes, different domain"). The 60-
 variant (thesis §4.5.7) deals each of those 6 clients' images over 10 clients
 (``clients = 60``). For VLCS (5 classes) the analogous split is {bird, car} and {chair,
 dog, person} (our choice: the alphabetical halves, smaller first, as PACS's groups are).
+FedIPG's PACS-5/50 and VLCS-5/50 (Table II: "each [client] holding data from a single
+domain", all classes) are one class group with ``clients`` = 5 or 50. A count that is
+not a multiple of the (group, domain) cells is dealt round-robin over them, group-major:
+5 clients over 3 training domains hold 2, 2 and 1 shares of their domains (our reading;
+the paper does not say how 5 clients share 3 domains).
 
 Choices where the papers are silent (documented in docs): images are resized to
 ``image_size`` (default 32 px, CPU-friendly; the thesis used ResNet-18 on full-size
@@ -42,7 +47,9 @@ def _groups(spec: list[str]) -> list[list[str]]:
 @dataclass
 class _DomainOptions:
     held_out: str = opt("", "the test domain (default: the first domain)")
-    clients: int = opt(6, "6 (one per training domain × class group) or a multiple (60: ×10)")
+    clients: int = opt(
+        6, "6 (one per training domain × class group), a multiple (60: ×10), or any count above"
+    )
     groups: list[str] = opt([], "class groups, one client each per domain: 'a,b,c' strings")
     image_size: int = opt(32, "images are resized to image_size × image_size (RGB)")
     val_fraction: float = opt(0.1, "fraction of each client's images held out as 'val'")
@@ -69,8 +76,8 @@ class _DomainOptions:
         n_groups = len(groups)
         base = (len(dataset.domains) - 1) * n_groups
         require(
-            self.clients >= base and self.clients % base == 0,
-            f"scenario.clients={self.clients} must be a positive multiple of {base} "
+            self.clients >= base,
+            f"scenario.clients={self.clients} must be at least {base} "
             f"(training domains × class groups)",
         )
         require(8 <= self.image_size <= 512, "scenario.image_size must lie in 8..512")
@@ -112,7 +119,8 @@ def build_lodo(name: str, o: _DomainOptions, seed: int, data_dir: Path | None) -
     held = o.held_out or ds.domains[0]
     train_domains = [d for d in ds.domains if d != held]
     groups = [[ds.classes.index(c) for c in g] for g in _groups(o.groups)]
-    ways = o.clients // (len(train_domains) * len(groups))
+    cells = len(train_domains) * len(groups)  # (class group, training domain), group-major
+    ways = [o.clients // cells + (c < o.clients % cells) for c in range(cells)]
     images = load_domains(o.dataset, o.image_size, data_dir)
 
     train_parts, val_parts, test_parts, envs = [], [], [], []
@@ -120,7 +128,7 @@ def build_lodo(name: str, o: _DomainOptions, seed: int, data_dir: Path | None) -
     tx, ty = images[held]
     for g_idx, classes in enumerate(groups):
         test_idx = np.flatnonzero(np.isin(ty.numpy(), classes))
-        n_group = len(train_domains) * ways
+        n_group = sum(ways[g_idx * len(train_domains) : (g_idx + 1) * len(train_domains)])
         if o.test_share == "dealt":
             deal = P.make_rng(seed, f"{name}/test-deal", g_idx).permutation(test_idx)
             test_shares = np.array_split(deal, n_group)
@@ -131,7 +139,7 @@ def build_lodo(name: str, o: _DomainOptions, seed: int, data_dir: Path | None) -
             x, y = images[d]
             own = np.flatnonzero(np.isin(y.numpy(), classes))
             shuffled = P.make_rng(seed, f"{name}/deal", d_idx, g_idx).permutation(own)
-            for part in np.array_split(shuffled, ways):
+            for part in np.array_split(shuffled, ways[g_idx * len(train_domains) + d_idx]):
                 n_val = min(int(np.floor(o.val_fraction * len(part) + 0.5)), len(part) - 1)
                 n_val = max(n_val, 0)
                 val_parts.append((x[part[:n_val]], y[part[:n_val]]))
