@@ -119,8 +119,10 @@ def build_lodo(name: str, o: _DomainOptions, seed: int, data_dir: Path | None) -
     held = o.held_out or ds.domains[0]
     train_domains = [d for d in ds.domains if d != held]
     groups = [[ds.classes.index(c) for c in g] for g in _groups(o.groups)]
-    cells = len(train_domains) * len(groups)  # (class group, training domain), group-major
-    ways = [o.clients // cells + (c < o.clients % cells) for c in range(cells)]
+    # clients per (class group, training domain) cell, dealt round-robin, group-major
+    n_dom, cells = len(train_domains), len(train_domains) * len(groups)
+    per_cell = [o.clients // cells + (c < o.clients % cells) for c in range(cells)]
+    ways = [per_cell[g * n_dom : (g + 1) * n_dom] for g in range(len(groups))]
     images = load_domains(o.dataset, o.image_size, data_dir)
 
     train_parts, val_parts, test_parts, envs = [], [], [], []
@@ -128,7 +130,7 @@ def build_lodo(name: str, o: _DomainOptions, seed: int, data_dir: Path | None) -
     tx, ty = images[held]
     for g_idx, classes in enumerate(groups):
         test_idx = np.flatnonzero(np.isin(ty.numpy(), classes))
-        n_group = sum(ways[g_idx * len(train_domains) : (g_idx + 1) * len(train_domains)])
+        n_group = sum(ways[g_idx])
         if o.test_share == "dealt":
             deal = P.make_rng(seed, f"{name}/test-deal", g_idx).permutation(test_idx)
             test_shares = np.array_split(deal, n_group)
@@ -139,7 +141,7 @@ def build_lodo(name: str, o: _DomainOptions, seed: int, data_dir: Path | None) -
             x, y = images[d]
             own = np.flatnonzero(np.isin(y.numpy(), classes))
             shuffled = P.make_rng(seed, f"{name}/deal", d_idx, g_idx).permutation(own)
-            for part in np.array_split(shuffled, ways[g_idx * len(train_domains) + d_idx]):
+            for part in np.array_split(shuffled, ways[g_idx][d_idx]):
                 n_val = min(int(np.floor(o.val_fraction * len(part) + 0.5)), len(part) - 1)
                 n_val = max(n_val, 0)
                 val_parts.append((x[part[:n_val]], y[part[:n_val]]))
