@@ -49,8 +49,9 @@ def test_an_exported_run_imports_into_a_fresh_store_as_it_was(tmp_path):
 
 
 def test_a_large_record_is_written_compressed_and_imports_the_same(tmp_path, monkeypatch):
-    """Over COMPRESS_OVER bytes a record is written as .json.gz (bytes reproducible), the
-    other form of the same run is removed, and import reads it as it reads plain JSON."""
+    """Over COMPRESS_OVER bytes a record is written as .json.gz (bytes reproducible), a
+    stale file of the run in the other form is removed, and import reads it as it reads
+    plain JSON."""
     import gzip
 
     from fedshift.results import archive
@@ -59,6 +60,10 @@ def test_a_large_record_is_written_compressed_and_imports_the_same(tmp_path, mon
     run = fs.run(db=db, seed=0, **SETTINGS)
     (plain,) = export_runs(db, [run.run_id], tmp_path / "out")
     monkeypatch.setattr(archive, "COMPRESS_OVER", 100)
+    assert export_runs(db, [run.run_id], tmp_path / "out") == [plain]  # the same run: kept
+    stale = json.loads(plain.read_text())
+    stale["run"]["rounds_done"] = 1  # a file that differs from the store is replaced
+    plain.write_text(json.dumps(stale))
     (packed,) = export_runs(db, [run.run_id], tmp_path / "out")
     assert packed.name == f"{run.run_id}.json.gz" and not plain.exists()
     first = packed.read_bytes()
@@ -125,3 +130,66 @@ def test_cli_exports_a_group_and_imports_it(tmp_path):
     assert [r["action"] for r in rows] == ["imported", "imported"]
     listed = runner.invoke(app, ["runs", "--db", str(tmp_path / "b.db"), "--json"])
     assert {r["status"] for r in json.loads(listed.stdout.strip().splitlines()[-1])} == {"done"}
+
+
+def test_format_1_files_import_and_are_kept_as_they_are(tmp_path):
+    """Files written before format 2 (committed evidence) import as before, and a resumed
+    table that re-exports their runs leaves them byte for byte as they were."""
+    from fedshift.results import archive
+
+    db = tmp_path / "a.db"
+    run = fs.run(db=db, seed=0, **SETTINGS)
+    old = {"format": archive.FORMAT, "version": 1, **archive._raw(RunStore(db), run.run_id)}
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / f"{run.run_id}.json"
+    path.write_text(archive._layout(old))
+    before = path.read_bytes()
+    (row,) = import_runs(tmp_path / "b.db", [path])
+    assert row["action"] == "imported"
+    a, b = RunStore(db).run(run.run_id), RunStore(tmp_path / "b.db").run(run.run_id)
+    for key in ("metrics", "client_accuracy", "config"):
+        assert a[key] == b[key], key
+    assert [r["metrics"] for r in a["round_metrics"]] == [r["metrics"] for r in b["round_metrics"]]
+    assert export_runs(tmp_path / "b.db", [run.run_id], out) == [path]
+    assert path.read_bytes() == before
+
+
+def test_many_environments_are_written_as_columns_and_read_back_exactly(tmp_path, monkeypatch):
+    """Format 2: per-environment metrics over many test environments become lists in the
+    order of the accuracy table's environments, and every number comes back."""
+    from fedshift.results import archive
+
+    monkeypatch.setattr(archive, "ENV_LIST_OVER", 3)  # digits-shortcut scores 11 environments
+    db = tmp_path / "a.db"
+    run = fs.run(db=db, seed=0, **SETTINGS)
+    (path,) = export_runs(db, [run.run_id], tmp_path / "out")
+    record = json.loads(path.read_text())
+    assert record["version"] == 2
+    per_env = record["run"]["metrics"]["per_env"]
+    assert per_env[archive.ENV_REF] == "test"
+    assert len(per_env["values"]) == len(record["accuracy"]["test"]["envs"]) == 11
+    assert len(record["accuracy"]["test"]["rows"]) == len(record["accuracy"]["test"]["clients"])
+    import_runs(tmp_path / "b.db", [path])
+    a, b = RunStore(db).run(run.run_id), RunStore(tmp_path / "b.db").run(run.run_id)
+    for key in ("metrics", "client_accuracy"):
+        assert a[key] == b[key], key
+    assert [r["metrics"] for r in a["round_metrics"]] == [r["metrics"] for r in b["round_metrics"]]
+
+
+def test_absent_and_nan_accuracies_survive_the_columns():
+    """A client the store holds no accuracy for in an environment stays absent; a NaN
+    accuracy (stored as null) stays null."""
+    from fedshift.results import archive
+
+    record = {
+        "run": {"run_id": "0123456789", "metrics": None},
+        "rounds": [],
+        "client_accuracy": [
+            {"accuracy": 50.0, "client": 0, "env": "a", "split": "test"},
+            {"accuracy": None, "client": 0, "env": "b", "split": "test"},
+            {"accuracy": 75.0, "client": 1, "env": "a", "split": "test"},
+        ],
+    }
+    packed = json.loads(json.dumps(archive._packed(record)))
+    assert archive._unpacked(packed) == record

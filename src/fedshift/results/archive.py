@@ -9,9 +9,15 @@ is committed with it). An imported run is the run: ``report``, ``compare``, ``sh
 it, and ``reproduce --resume`` / ``sweep --resume`` reuse it instead of training it again.
 Only finished (``done``) and ``diverged`` runs travel: an unfinished one needs its
 checkpoint to continue, and a checkpoint is not a record. A record longer than
-``COMPRESS_OVER`` is written gzip-compressed (``<run_id>.json.gz``): a run evaluated on
-hundreds of environments × clients (``scm``'s 200 test environments × 100 clients: 1.4 MB
-of JSON) shrinks about tenfold, so a table's evidence stays small enough to commit.
+``COMPRESS_OVER`` is written gzip-compressed (``<run_id>.json.gz``).
+
+Format 2 (written since format 1's files proved too big to commit for ``scm``: 2.1 MB per
+run gzipped, 5,000 test environments × 100 clients) keeps every number of format 1 and
+lays the large tables out as columns: each split's accuracies as one row per client over
+one list of environments, and a metric keyed by every test environment (``per_env``, at
+each evaluated round) as a list in that order when there are more than ``ENV_LIST_OVER``
+of them. Both formats import; a file whose run the store holds unchanged is left as it is,
+whichever format wrote it, so committed evidence never churns.
 """
 
 from __future__ import annotations
@@ -28,7 +34,10 @@ from ..errors import FedshiftError
 from .store import RUN_ID, RunStore, _appended, _now
 
 FORMAT = "fedshift-run"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)
+ENV_LIST_OVER = 32  # env-keyed metrics with more keys than this are written as lists
+ENV_REF = "$envs"  # the key that marks such a list in a file (names the split it follows)
 EXPORTABLE = ("done", "diverged")
 COMPRESS_OVER = 256 * 1024  # bytes of JSON above which a record is written as .json.gz
 SUFFIXES = (".json", ".json.gz")
@@ -36,7 +45,8 @@ SUFFIXES = (".json", ".json.gz")
 
 def export_runs(db: str | Path, refs: Iterable[str], out_dir: str | Path) -> list[Path]:
     """Write each run ``refs`` names (ids or unique prefixes) to ``out_dir/<run_id>.json``;
-    returns the paths. A file already there is replaced (the store is the newer truth)."""
+    returns the paths. A file already there that holds the same run is kept as it is (in
+    whichever format wrote it); one that differs is replaced (the store is the newer truth)."""
     store = RunStore(db)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -45,9 +55,13 @@ def export_runs(db: str | Path, refs: Iterable[str], out_dir: str | Path) -> lis
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for record in records:
-        data = _layout(record).encode()
-        packed = len(data) > COMPRESS_OVER
         run_id = record["run"]["run_id"]
+        kept = _unchanged(out, run_id, record)
+        if kept is not None:
+            paths.append(kept)
+            continue
+        data = _layout(_packed(record)).encode()
+        packed = len(data) > COMPRESS_OVER
         path = out / f"{run_id}{SUFFIXES[packed]}"
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(gzip.compress(data, mtime=0) if packed else data)  # mtime 0: same bytes
@@ -58,24 +72,33 @@ def export_runs(db: str | Path, refs: Iterable[str], out_dir: str | Path) -> lis
 
 
 def _layout(record: dict[str, Any]) -> str:
-    """The file's text: one line per key of the run and one per round and accuracy row,
-    so a file stays small (no indentation per number) and a change reads as a line diff."""
+    """The file's text: one line per key of the run, per round and per client's row of
+    accuracies, so a file stays small (no indentation per number) and a change reads as a
+    line diff."""
+    depth = {"accuracy": 3}  # split → its lists → one row per client; the rest one level
+    body = ",\n".join(
+        f" {_compact(k)}: {_block(record[k], depth.get(k, 1), 1)}" for k in sorted(record)
+    )
+    return "{\n" + body + "\n}\n"
 
-    def line(v: Any) -> str:
-        return json.dumps(v, sort_keys=True, separators=(",", ":"))
 
-    parts = []
-    for key in sorted(record):
-        value = record[key]
-        if isinstance(value, list):
-            body = ",\n".join(f"  {line(v)}" for v in value)
-            parts.append(f" {line(key)}: [\n{body}\n ]" if value else f" {line(key)}: []")
-        elif isinstance(value, dict):
-            body = ",\n".join(f"  {line(k)}: {line(value[k])}" for k in sorted(value))
-            parts.append(f" {line(key)}: {{\n{body}\n }}")
-        else:
-            parts.append(f" {line(key)}: {line(value)}")
-    return "{\n" + ",\n".join(parts) + "\n}\n"
+def _compact(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, separators=(",", ":"))
+
+
+def _block(value: Any, levels: int, indent: int) -> str:
+    """``value`` with its first ``levels`` levels of lists and dicts one item per line (a
+    list of plain values stays on one line)."""
+    pad = " " * (indent + 1)
+    if levels and isinstance(value, dict) and value:
+        items = [
+            f"{pad}{_compact(k)}: {_block(value[k], levels - 1, indent + 1)}" for k in sorted(value)
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + " " * indent + "}"
+    if levels and isinstance(value, list) and any(isinstance(v, (list, dict)) for v in value):
+        items = [f"{pad}{_block(v, levels - 1, indent + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + " " * indent + "]"
+    return _compact(value)
 
 
 def _raw(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -99,13 +122,102 @@ def _raw(store: RunStore, run_id: str) -> dict[str, Any]:
         # so re-exporting an imported run (a resumed table's reused runs) rewrites its
         # committed file unchanged
         row["environment"] = {k: v for k, v in row["environment"].items() if k != "imported"}
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "run": row,
-        "rounds": rounds,
-        "client_accuracy": accuracy,
-    }
+    return {"run": row, "rounds": rounds, "client_accuracy": accuracy}
+
+
+def _packed(record: dict[str, Any]) -> dict[str, Any]:
+    """The format-2 file of a record as ``_raw`` reads it (see the module's docstring)."""
+    tables: dict[str, dict[str, Any]] = {}
+    for split in sorted({r["split"] for r in record["client_accuracy"]}):
+        rows = [r for r in record["client_accuracy"] if r["split"] == split]
+        clients = sorted({r["client"] for r in rows})
+        envs = sorted({r["env"] for r in rows})
+        at = {(r["client"], r["env"]): r["accuracy"] for r in rows}
+        grid = [[_short(at.get((c, e), _ABSENT)) for e in envs] for c in clients]
+        tables[split] = {"clients": clients, "envs": envs, "rows": grid}
+    envs = tables.get("test", {}).get("envs", [])
+    lists = len(envs) > ENV_LIST_OVER
+
+    def pack(metrics: Any) -> Any:
+        return _env_lists(metrics, envs) if lists and metrics else metrics
+
+    run = {**record["run"], "metrics": pack(record["run"]["metrics"])}
+    rounds = [
+        {**r, "metrics": pack(r["metrics"]), "extras": pack(r["extras"])} for r in record["rounds"]
+    ]
+    return {"format": FORMAT, "version": VERSION, "run": run, "rounds": rounds, "accuracy": tables}
+
+
+_ABSENT = "-"  # a (client, environment) the store holds no accuracy for (None is a NaN's)
+
+
+def _short(accuracy: Any) -> Any:
+    """A whole-number accuracy written without its ``.0`` (the store keeps it as a float):
+    6 % off ``scm``'s compressed file, whose clients hold 100 test points per environment."""
+    return int(accuracy) if isinstance(accuracy, float) and accuracy.is_integer() else accuracy
+
+
+def _env_lists(value: Any, envs: list[str]) -> Any:
+    """Each dict in ``value`` keyed by exactly ``envs`` (in that order) as a marked list."""
+    if isinstance(value, dict):
+        if list(value) == envs:
+            return {ENV_REF: "test", "values": [value[e] for e in envs]}
+        return {k: _env_lists(v, envs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_env_lists(v, envs) for v in value]
+    return value
+
+
+def _env_dicts(value: Any, tables: dict[str, Any]) -> Any:
+    """The inverse of ``_env_lists``."""
+    if isinstance(value, dict):
+        if ENV_REF in value:
+            return dict(zip(tables[value[ENV_REF]]["envs"], value["values"], strict=True))
+        return {k: _env_dicts(v, tables) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_env_dicts(v, tables) for v in value]
+    return value
+
+
+def _unpacked(record: dict[str, Any]) -> dict[str, Any]:
+    """A file of either format as ``_raw`` reads the run (format 1 is that layout already)."""
+    if record["version"] == 1:
+        return {
+            "run": record["run"],
+            "rounds": record.get("rounds") or [],
+            "client_accuracy": record.get("client_accuracy") or [],
+        }
+    tables = record.get("accuracy") or {}
+    accuracy = [
+        {"accuracy": value, "client": client, "env": env, "split": split}
+        for split in sorted(tables)
+        for client, row in zip(tables[split]["clients"], tables[split]["rows"], strict=True)
+        for env, value in zip(tables[split]["envs"], row, strict=True)
+        if value != _ABSENT
+    ]
+    run = {**record["run"], "metrics": _env_dicts(record["run"].get("metrics"), tables)}
+    rounds = [
+        {
+            **r,
+            "metrics": _env_dicts(r.get("metrics"), tables),
+            "extras": _env_dicts(r.get("extras"), tables),
+        }
+        for r in record.get("rounds") or []
+    ]
+    return {"run": run, "rounds": rounds, "client_accuracy": accuracy}
+
+
+def _unchanged(out: Path, run_id: str, record: dict[str, Any]) -> Path | None:
+    """The file already in ``out`` that holds exactly ``record``, if any."""
+    for suffix in SUFFIXES:
+        path = out / f"{run_id}{suffix}"
+        if path.is_file():
+            try:
+                if _load(path) == record:
+                    return path
+            except FedshiftError:
+                return None  # unreadable: written again
+    return None
 
 
 def import_runs(db: str | Path, files: Iterable[str | Path]) -> list[dict[str, str]]:
@@ -113,7 +225,7 @@ def import_runs(db: str | Path, files: Iterable[str | Path]) -> list[dict[str, s
     store ``db``; one entry per run: its id, method and what happened (``imported``, or
     ``present`` when the store holds that run already with the same result)."""
     paths = _files(files)
-    records = [_read(p) for p in paths]  # every file checked before anything is written
+    records = [_load(p) for p in paths]  # every file checked before anything is written
     store = RunStore(db)
     return [_import_one(store, rec, path) for rec, path in zip(records, paths, strict=True)]
 
@@ -138,6 +250,15 @@ def _files(files: Iterable[str | Path]) -> list[Path]:
     return paths
 
 
+def _load(path: Path) -> dict[str, Any]:
+    """The run a file holds, as ``_raw`` reads it from a store."""
+    record = _read(path)
+    try:
+        return _unpacked(record)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise FedshiftError(f"{str(path)!r}: its run record is malformed ({e!r})") from None
+
+
 def _read(path: Path) -> dict[str, Any]:
     try:
         data = path.read_bytes()
@@ -146,10 +267,10 @@ def _read(path: Path) -> dict[str, Any]:
         raise FedshiftError(f"{str(path)!r} is not a readable exported run ({e})") from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise FedshiftError(f"{str(path)!r} is not a run written by `fedshift export`")
-    if record.get("version") != VERSION:
+    if record.get("version") not in READS:
         raise FedshiftError(
             f"{str(path)!r} is an exported run of format version {record.get('version')}; "
-            f"this fedshift reads version {VERSION}"
+            f"this fedshift reads versions {', '.join(map(str, READS))}"
         )
     run = record.get("run")
     if (
