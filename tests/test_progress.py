@@ -24,6 +24,7 @@ def rendered(width: int, label: str, total: int, done: int) -> list[str]:
                 round=r, loss=0.123456, bytes_up=1, bytes_down=1, time_s=0.1, metrics=metrics
             )
         )
+    console.export_text()  # off a terminal the first round's line was printed: drop it
     console.print(bar.get_renderable())  # the line as it stands mid-run
     bar.stop()
     return console.export_text().splitlines()
@@ -41,9 +42,9 @@ def test_the_line_fits_the_width_with_every_figure_whole(width, total):
 
 
 def test_a_short_label_keeps_the_word_round_and_a_bar():
-    mid, *_ = rendered(80, "fedavg on toy", 20, 20)
-    assert mid.startswith("fedavg on toy ━") and "round 20/20 loss 0.1235" in mid
-    assert " took " in mid and len(mid) <= 80
+    *_, end = rendered(80, "fedavg on toy", 20, 20)
+    assert end.startswith("fedavg on toy ━") and "round 20/20 loss 0.1235" in end
+    assert " took " in end and len(end) <= 80
 
 
 def test_fs_run_shows_a_bar_where_asked_and_not_in_logs(capsys):
@@ -55,3 +56,30 @@ def test_fs_run_shows_a_bar_where_asked_and_not_in_logs(capsys):
     fs.run(algorithm="fedavg", data=toy_data(), **settings)
     fs.run(algorithm="fedavg", data=toy_data(), progress=False, **settings)
     assert capsys.readouterr().err == ""
+
+
+def test_off_a_terminal_the_line_is_logged_now_and_then_not_only_at_the_end(monkeypatch):
+    """An unattended run's log (``nohup … > log``) shows progress during the run: the line
+    after the first round, then at most every LOG_EVERY_S seconds, and the final one."""
+    from fedshift import progress
+
+    def logged(every: float, rounds: int) -> list[str]:
+        monkeypatch.setattr(progress, "LOG_EVERY_S", every)
+        console = Console(width=100, record=True, force_terminal=False, color_system=None)
+        bar, on_round = progress_bar(rounds, "fedavg on toy", console)
+        for r in range(1, rounds + 1):
+            on_round(RoundRecord(round=r, loss=0.5, bytes_up=1, bytes_down=1, time_s=0.1))
+        bar.stop()
+        bar.stop()  # a second stop prints nothing more
+        return console.export_text().splitlines()
+
+    first, end = logged(3600.0, 5)
+    assert "round 1/5" in first and "ETA" in first
+    assert "round 5/5" in end and "took" in end
+    lines = logged(0.0, 5)
+    assert [f"round {r}/5" in line for r, line in enumerate(lines[:5], 1)] == [True] * 5
+    assert len(lines) == 6 and "took" in lines[-1]
+    console = Console(width=100, record=True, force_terminal=False, color_system=None)
+    bar, _ = progress_bar(5, "never started", console)
+    bar.stop()  # refused before its first round: no line at all
+    assert console.export_text() == ""

@@ -1,7 +1,12 @@
 """The training progress bar of ``fedshift run`` and ``fs.run``: one line (label, bar, round,
 loss, accuracy, ETA) laid out by hand to the console's width. Rich's own table layout
 shrank every column at 80 columns — the width it assumes off a terminal — and cut the ETA
-to "0:0…"; here the figures stay whole and the label, then the bar, give way."""
+to "0:0…"; here the figures stay whole and the label, then the bar, give way.
+
+Off a terminal (a log file of an unattended paper-scale run, ``nohup … > log``) a live bar
+draws nothing until the run ends, hours later; there the same line is printed as plain
+text after the first round, then at most once every ``LOG_EVERY_S`` seconds, and when the
+run ends."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from rich.text import Text
 MAX_BAR = 30
 MIN_BAR = 6
 MIN_LABEL = 12
+LOG_EVERY_S = 60.0  # off a terminal: seconds between two progress lines
 
 
 def clock(seconds: float | None) -> str:
@@ -69,11 +75,14 @@ def progress_bar(total: int, label: str, console: Console | None = None):
     it; it starts at the first round (after validation, which may still refuse the run).
     Call ``.stop()`` on the bar when the run ends."""
     console = console or Console(stderr=True, emoji=False)
+    live = console.is_terminal or console.is_jupyter
     progress = Progress(RunLine(label, console), console=console, transient=False)
+    if not live:
+        progress = LogLines(progress, console)
     task = progress.add_task(label, total=total, loss="—", acc="—")
 
     def on_round(rec) -> None:
-        if not progress.live.is_started:
+        if live and not progress.live.is_started:
             progress.start()
         fields = {"loss": f"{rec.loss:.4g}"}
         if rec.metrics:
@@ -81,6 +90,42 @@ def progress_bar(total: int, label: str, console: Console | None = None):
         progress.update(task, completed=rec.round, **fields)
 
     return progress, on_round
+
+
+class LogLines:
+    """A ``Progress`` off a terminal: its line printed after the first round, then at most
+    every ``LOG_EVERY_S`` seconds, and at ``stop()`` (the final line, with the time taken)."""
+
+    def __init__(self, progress: Progress, console: Console) -> None:
+        self.progress, self.console = progress, console
+        self.printed_at: float | None = None
+        self.stopped = False
+
+    def add_task(self, *args, **kwargs):
+        self.task = self.progress.add_task(*args, **kwargs)
+        return self.task
+
+    def update(self, task, **fields) -> None:
+        self.progress.update(task, **fields)
+        now = self.progress.get_time()
+        if self.printed_at is None or now - self.printed_at >= LOG_EVERY_S:
+            self._print()
+            self.printed_at = now
+
+    def get_renderable(self):
+        return self.progress.get_renderable()
+
+    def stop(self) -> None:
+        if self.stopped or self.printed_at is None:  # nothing ran: nothing to report
+            return
+        self.stopped = True
+        task = self.progress.tasks[0]
+        if task.total and task.completed >= task.total:
+            self.progress.stop_task(self.task)  # "took …" instead of an ETA
+        self._print()
+
+    def _print(self) -> None:
+        self.console.print(self.progress.get_renderable(), soft_wrap=False)
 
 
 def wanted(progress: bool | None) -> bool:
