@@ -294,6 +294,16 @@ def test_first_seed_runs_fresh_seeds(tmp_path):
     assert "2 seed(s), 3–4" in (tmp_path / "f" / "report.md").read_text()
     bad = CliRunner().invoke(app, [*args, "--first-seed", "-1"])
     assert bad.exit_code == 2 and "--first-seed" in bad.output
+    # a table whose settings were selected on seed 0 says so: its runs start past it
+    past = tmp_path / "past.toml"
+    past.write_text(TWO.replace("[table]\n", "[table]\nfirst_seed = 5\n", 1))
+    args = ["reproduce", str(past), "--quick", "--json", "--db", str(tmp_path / "p.db")]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p"), "--seeds", "1"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    store = RunStore(tmp_path / "p.db")
+    assert {store.run(m["run_ids"][0])["seed"] for m in summary["methods"]} == {5}
+    assert "1 seed(s), 5–5" in (tmp_path / "p" / "report.md").read_text()
 
 
 SPEC_ALGORITHMS = set(

@@ -33,11 +33,12 @@ def reproduce(
         int | None, typer.Option(help="seeds per method (default: the table's)")
     ] = None,
     first_seed: Annotated[
-        int,
+        int | None,
         typer.Option(
-            help="run seeds first-seed … first-seed + seeds − 1 (fresh seeds after a selection)"
+            help="run seeds first-seed … first-seed + seeds − 1 (fresh seeds after a "
+            "selection; default: the table's, 0 unless it says otherwise)"
         ),
-    ] = 0,
+    ] = None,
     rounds: Annotated[int | None, typer.Option(help="override the table's rounds")] = None,
     quick: Annotated[
         bool, typer.Option(help="smoke-sized run: the table's [quick] settings")
@@ -135,7 +136,7 @@ def reproduce(
         from .table_workers import common_args, run_workers
         from .tables import load_table
 
-        args = [table, "--first-seed", str(first_seed)]
+        args = [table] + (["--first-seed", str(first_seed)] if first_seed is not None else [])
         args += ["--seeds", str(seeds)] if seeds is not None else []
         args += ["--rounds", str(rounds)] if rounds is not None else []
         args += ["--quick"] if quick else []

@@ -117,11 +117,15 @@ class PlannedRun:
     label: str
 
 
-def method_runs(table: Table, m: Method, plan: TablePlan, first_seed: int) -> list[PlannedRun]:
+def method_runs(
+    table: Table, m: Method, plan: TablePlan, first_seed: int | None
+) -> list[PlannedRun]:
     """The method's runs in the order they are made: seed by seed, each sweep value within
-    a seed (``run_table`` trains them; ``reproduce --status`` looks them up)."""
+    a seed (``run_table`` trains them; ``reproduce --status`` looks them up). Seeds start
+    at ``first_seed``, or the table's own ``first_seed`` when None."""
+    start = table_first_seed(table, first_seed)
     out = []
-    for seed in range(first_seed, first_seed + plan.seeds):
+    for seed in range(start, start + plan.seeds):
         for value in table.sweep_values if table.sweep_key else [None]:
             cfg = method_config(table, m, {**plan.overrides, "seed": seed})
             if value is not None:
@@ -131,8 +135,16 @@ def method_runs(table: Table, m: Method, plan: TablePlan, first_seed: int) -> li
     return out
 
 
+def table_first_seed(table: Table, first_seed: int | None) -> int:
+    """The first seed a table runs: ``--first-seed`` when given, else the table's."""
+    start = table.first_seed if first_seed is None else first_seed
+    if start < 0:
+        raise FedshiftError(f"--first-seed {start} must be 0 or more")
+    return start
+
+
 def planned_runs(
-    source: str, methods: list[str] | None = None, first_seed: int = 0, **plan: Any
+    source: str, methods: list[str] | None = None, first_seed: int | None = None, **plan: Any
 ) -> tuple[Table, TablePlan, list[PlannedRun]]:
     """A table (id or file) narrowed to ``methods``, its plan (``plan_table``'s options) and
     every run it makes, method by method (``reproduce --status`` and the ``--workers``
@@ -154,7 +166,7 @@ def run_table(
     extra: dict[str, Any] | None = None,
     progress=None,
     resume: bool = False,
-    first_seed: int = 0,
+    first_seed: int | None = None,
     export_to: str | Path | None = None,
     claims: Path | None = None,
 ) -> tuple[list[MethodResult], list[str]]:
@@ -164,7 +176,8 @@ def run_table(
     ``resume``, a run of the same configuration already in the store is reused when done
     and continued from its checkpoint when stopped (``jobs.earlier_run``), so a
     paper-scale table spans sessions. Seeds are ``first_seed … first_seed + seeds − 1``: a
-    table run on seeds other than the one its settings were selected with starts past it.
+    table run on seeds other than the one its settings were selected with starts past it
+    (``first_seed`` None: the table's own ``first_seed``).
     A diverged run is a result of the table (a degenerate seed), not the end of it.
     ``export_to``: each run ends also as a file there (``fedshift export``). ``claims``: a
     worker of ``reproduce --workers`` (``table_workers``): it trains the runs it claims
@@ -172,8 +185,7 @@ def run_table(
     from .jobs import Job, run_jobs
     from .results.store import new_group
 
-    if first_seed < 0:
-        raise FedshiftError(f"--first-seed {first_seed} must be 0 or more")
+    first_seed = table_first_seed(table, first_seed)
     plan = plan_table(
         table, seeds=seeds, rounds=rounds, quick=quick, extra=extra, skip_missing=skip_missing
     )
@@ -234,7 +246,7 @@ def reproduce(
     progress=None,
     methods: list[str] | None = None,
     resume: bool = False,
-    first_seed: int = 0,
+    first_seed: int | None = None,
     export_to: str | Path | None = None,
     claims: Path | None = None,
 ) -> dict:
@@ -269,7 +281,7 @@ def reproduce(
         "quick": quick,
         "overrides": {k: v for k, v in (extra or {}).items() if k not in ("device", "data_dir")},
         "not_run": [m.name for m in full.methods if m not in table.methods],
-        "first_seed": first_seed,
+        "first_seed": table_first_seed(table, first_seed),
     }
     out = Path(out_dir) if out_dir is not None else Path("reproduce") / table.id
     report = write_reproduction_report(table, results, skipped, comparison, out, db, settings)

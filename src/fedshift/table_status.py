@@ -88,7 +88,7 @@ def table_status(
     *,
     db: str | Path,
     seeds: int | None = None,
-    first_seed: int = 0,
+    first_seed: int | None = None,
     rounds: int | None = None,
     quick: bool = False,
     extra: dict[str, Any] | None = None,

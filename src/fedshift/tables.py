@@ -11,6 +11,8 @@ as ``fedshift/configs``)::
     metrics = ["worst", "average"]      # the published metrics (worst, average,
                                          # worst_client; "accuracy" = average)
     seeds = 3                            # default K (--seeds overrides)
+    first_seed = 1                       # optional (default 0): the first seed (--first-seed
+                                         # overrides); past a seed a selection was made on
     gap = 5.0                            # published gaps ≥ this are checked as claims
     scenario_seed = 0                    # optional: one partition for every seed
 
@@ -92,6 +94,7 @@ class Table:
     run: dict[str, Any]
     methods: list[Method]
     seeds: int = 1
+    first_seed: int = 0  # seeds first_seed … first_seed + seeds − 1 (past a selection's seed)
     gap: float = 5.0
     scenario_seed: int | None = None
     quick: dict[str, Any] = field(default_factory=dict)
@@ -181,6 +184,7 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
         run=run,
         methods=methods,
         seeds=int(head.get("seeds", 1)),
+        first_seed=int(head.get("first_seed", 0)),
         gap=float(head.get("gap", 5.0)),
         scenario_seed=head.get("scenario_seed"),
         quick=_flatten(dict(raw.get("quick", {}))),
