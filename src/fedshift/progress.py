@@ -102,8 +102,7 @@ class LogLines:
         self.stopped = False
 
     def add_task(self, *args, **kwargs):
-        self.task = self.progress.add_task(*args, **kwargs)
-        return self.task
+        return self.progress.add_task(*args, **kwargs)
 
     def update(self, task, **fields) -> None:
         self.progress.update(task, **fields)
@@ -118,10 +117,7 @@ class LogLines:
     def stop(self) -> None:
         if self.stopped or self.printed_at is None:  # nothing ran: nothing to report
             return
-        self.stopped = True
-        task = self.progress.tasks[0]
-        if task.total and task.completed >= task.total:
-            self.progress.stop_task(self.task)  # "took …" instead of an ETA
+        self.stopped = True  # a finished task reads "took …" (rich marks it at its last update)
         self._print()
 
     def _print(self) -> None:

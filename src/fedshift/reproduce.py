@@ -117,15 +117,11 @@ class PlannedRun:
     label: str
 
 
-def method_runs(
-    table: Table, m: Method, plan: TablePlan, first_seed: int | None
-) -> list[PlannedRun]:
+def method_runs(table: Table, m: Method, plan: TablePlan, first_seed: int) -> list[PlannedRun]:
     """The method's runs in the order they are made: seed by seed, each sweep value within
-    a seed (``run_table`` trains them; ``reproduce --status`` looks them up). Seeds start
-    at ``first_seed``, or the table's own ``first_seed`` when None."""
-    start = table_first_seed(table, first_seed)
+    a seed (``run_table`` trains them; ``reproduce --status`` looks them up)."""
     out = []
-    for seed in range(start, start + plan.seeds):
+    for seed in range(first_seed, first_seed + plan.seeds):
         for value in table.sweep_values if table.sweep_key else [None]:
             cfg = method_config(table, m, {**plan.overrides, "seed": seed})
             if value is not None:
@@ -151,7 +147,8 @@ def planned_runs(
     hint read them against the store)."""
     table = select_methods(load_table(source), methods)
     planned = plan_table(table, **plan)
-    runs = [r for m in planned.methods for r in method_runs(table, m, planned, first_seed)]
+    start = table_first_seed(table, first_seed)
+    runs = [r for m in planned.methods for r in method_runs(table, m, planned, start)]
     return table, planned, runs
 
 
