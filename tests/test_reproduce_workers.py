@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from test_reproduce import TINY
 from typer.testing import CliRunner
@@ -98,9 +99,14 @@ def test_stopping_the_parent_stops_every_worker_at_a_checkpoint(tmp_path):
     assert len(rows) == 8 and all(r["status"] == "done" for r in rows)
 
 
-def test_a_sweep_over_two_workers_selects_as_one_process(tmp_path):
+@pytest.mark.parametrize(
+    "shape",
+    [["--grid", "algorithm.mu=0.001,0.1"], ["--folds", "algorithm.mu=0.001,0.1"]],
+    ids=["grid", "folds"],
+)
+def test_a_sweep_over_two_workers_selects_as_one_process(tmp_path, shape):
     args = ["sweep", "--set", "scenario=digits-shortcut", "--set", "algorithm=fedprox"]
-    args += ["--grid", "algorithm.mu=0.001,0.1", "--grid", "lr=0.005,0.2", "--seeds", "0,1"]
+    args += [*shape, "--grid", "lr=0.005,0.2", "--seeds", "0,1"]
     args += ["--rounds", "1", "--set", "threads=1", "--json"]
     summaries = []
     for name, more in (("one", []), ("two", ["--workers", "2"])):
@@ -108,7 +114,7 @@ def test_a_sweep_over_two_workers_selects_as_one_process(tmp_path):
         assert result.exit_code == 0, result.output
         summaries.append(json.loads(result.stdout.strip().splitlines()[-1]))
     one, two = summaries
-    assert len(RunStore(tmp_path / "two.db").runs()) == 8  # 4 points × 2 seeds, each once
+    assert len(RunStore(tmp_path / "two.db").runs()) == 8  # 4 runs a seed × 2 seeds, each once
     assert two["selected_params"] == one["selected_params"] and two["val"] == one["val"]
     assert [p["metrics"] for p in two["points"]] == [p["metrics"] for p in one["points"]]
     assert sorted(p.name for p in (tmp_path / "two-workers").iterdir()) == [

@@ -139,3 +139,36 @@ def test_sweep_rejects_bad_input_before_running(tmp_path):
         assert res.exit_code == 2, (extra, res.output)
         assert "Traceback" not in res.output
     assert not db.exists() or not RunStore(db).runs()
+
+
+def test_folds_score_each_seed_by_the_mean_over_its_folds(tmp_path):
+    """A leave-one-domain-out table is scored by the mean over its folds: with ``--folds``
+    every grid point runs each fold for each seed, a seed's validation score and test
+    metrics are the mean over its folds, and mean ± std are over seeds."""
+    db = tmp_path / "r.db"
+    args = ["sweep", "--set", "scenario=digits-shortcut", "--grid", "lr=0.05,0.2"]
+    args += ["--folds", "scenario.p_val=0.1,0.9", "--seeds", "0,1", "--rounds", "1"]
+    res = runner.invoke(app, [*args, "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    s = last_json(res.stdout)
+    assert s["folds"] == {"scenario.p_val": ["0.1", "0.9"]} and len(s["run_ids"]) == 8
+    assert "mean over scenario.p_val = 0.1, 0.9" in " ".join(res.stderr.split())
+    stored = {r["run_id"]: r for r in RunStore(db).runs()}
+    for p in s["points"]:
+        runs = [stored[r] for r in p["run_ids"]]  # seed-major, then fold
+        assert [(r["seed"], float(r["config"]["scenario.p_val"])) for r in runs] == [
+            (0, 0.1), (0, 0.9), (1, 0.1), (1, 0.9),
+        ]  # fmt: skip
+        per_seed = [runs[i : i + 2] for i in (0, 2)]
+        val = [sum(r["val"] for r in rs) / 2 for rs in per_seed]
+        assert p["val"] == pytest.approx(sum(val) / 2)
+        assert p["val_std"] == pytest.approx(abs(val[0] - val[1]) / 2**0.5)
+        worst = [sum(r["metrics"]["worst"] for r in rs) / 2 for rs in per_seed]
+        assert p["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
+        assert p["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
+    # the folds' values do vary the validation: the two folds of a seed differ
+    first = [stored[r]["val"] for r in s["points"][0]["run_ids"][:2]]
+    assert first[0] != first[1]
+    for bad in (["--folds", "lr=0.1,0.2"], ["--folds", "seed=0,1"], ["--folds", "lr"]):
+        res = runner.invoke(app, [*args[:5], *bad, "--rounds", "1", "--db", str(db)])
+        assert res.exit_code == 2 and "Traceback" not in res.output, (bad, res.output)

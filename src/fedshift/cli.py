@@ -164,6 +164,13 @@ def sweep(
         list[str] | None, typer.Option("--grid", "-g", help="swept key: key=v1,v2,… (repeatable)")
     ] = None,
     seeds: Annotated[str, typer.Option(help="seeds per grid point, e.g. 0,1,2")] = "0",
+    folds: Annotated[
+        str | None,
+        typer.Option(
+            help="a leave-one-domain-out table's folds, key=v1,v2,… (e.g. "
+            "scenario.held_out=0,15,30): every point runs each, scored per seed by their mean"
+        ),
+    ] = None,
     rounds: RoundsOption = None,
     db: DbOption = DEFAULT_DB,
     json_: JsonOption = False,
@@ -185,16 +192,19 @@ def sweep(
 ) -> None:
     """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
     from .config import add_options, parse_seeds, parse_set, resolve
-    from .sweep import grid_points, parse_grid, run_sweep
+    from .sweep import fold_overrides, grid_points, parse_grid, run_sweep
 
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
 
+    fold_values = parse_grid([folds]) if folds else {}  # bad input: one sentence, first
+
     def run(resume: bool, claims: Path | None = None) -> dict:
         points, seed_list = parse_grid(grid or []), parse_seeds(seeds)
         return run_sweep(
-            source, overrides, points, seed_list, db, progress_bar, resume, export_to, claims
-        )
+            source, overrides, points, seed_list, db, progress_bar, resume, export_to, claims,
+            folds=fold_values,
+        )  # fmt: skip
 
     if worker_claims is not None:  # one of --workers' processes: its share, no summary
         from .table_workers import as_worker
@@ -210,6 +220,7 @@ def sweep(
         args += ["--seeds", seeds] + (["--rounds", str(rounds)] if rounds is not None else [])
         for item in grid or []:
             args += ["--grid", item]
+        args += ["--folds", folds] if folds else []
         given = {"device": device, "data_dir": data_dir, "export_to": export_to}
         threads_given = resolve(source, overrides).threads != 0
         args += common_args(
@@ -223,7 +234,13 @@ def sweep(
 
         def configs() -> list:
             points = grid_points(parse_grid(grid or [])) if grid else [{}]
-            each = [{**overrides, **p, "seed": s} for p in points for s in parse_seeds(seeds)]
+            in_folds = fold_overrides(fold_values, parse_grid(grid or []))
+            each = [
+                {**overrides, **p, **f, "seed": s}
+                for p in points
+                for s in parse_seeds(seeds)
+                for f in in_folds
+            ]
             return [resolve(source, values) for values in each]
 
         hint_workers(configs, db, resume, say)
@@ -231,7 +248,9 @@ def sweep(
     console = err if json_ else out
     table = Table(
         title=f"sweep: {result['algorithm']} on {result['scenario']}, seeds "
-        f"{result['seeds']} (mean ± std; selected by validation accuracy)"
+        f"{result['seeds']}"
+        + "".join(f", mean over {k} = {', '.join(v)}" for k, v in result["folds"].items())
+        + " (mean ± std; selected by validation accuracy)"
     )
     for col in ("", "grid point", "val", "worst", "average"):
         table.add_column(col)

@@ -16,6 +16,12 @@ by validation is still reported, with ``all_degenerate`` set. A point whose run 
 learning rate too large for the model is a result of the sweep, not the end of it. A
 diverged point is never selected; when every point diverged the sweep fails with one
 sentence.
+
+``--folds scenario.held_out=0,15,30`` sweeps a leave-one-domain-out table as the table is
+scored: every grid point runs every fold for every seed, and its score for a seed is the
+mean over the folds (each fold's validation rows come from its own training domains, the
+training-domain validation of DomainBed, Gulrajani & Lopez-Paz 2021); mean ± std are then
+over seeds. Without it, selecting on one held-out domain would tune for that fold only.
 """
 
 from __future__ import annotations
@@ -80,6 +86,18 @@ def parse_grid(items: list[str]) -> dict[str, list[str]]:
     return grid
 
 
+def fold_overrides(folds: dict[str, list[str]], grid: dict[str, list[str]]) -> list[dict]:
+    """The config values of each fold (``[{}]``: no folds). One key, not also swept."""
+    if not folds:
+        return [{}]
+    if len(folds) > 1:
+        raise FedshiftError(f"--folds takes one key (got {', '.join(folds)}); list its values once")
+    key, values = next(iter(folds.items()))
+    if key in grid or key in ("seed", "seeds"):
+        raise FedshiftError(f"--folds {key} cannot also be swept or be the seed; name it once")
+    return [{key: v} for v in values]
+
+
 def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
     """Cartesian product in the order given (the last key varies fastest)."""
     keys = list(grid)
@@ -128,6 +146,7 @@ def run_sweep(
     resume: bool = False,
     export_to: str | Path | None = None,
     claims: Path | None = None,
+    folds: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """Run every grid point with every seed and select by validation accuracy.
 
@@ -135,8 +154,10 @@ def run_sweep(
     ``resume``: a run of the same configuration already in ``db`` stands in (a finished
     one as it is, a stopped one continued from its checkpoint), so a long sweep that was
     stopped continues where it was. ``export_to``: each run ends also as a file there
-    (``fedshift export``). Returns the JSON summary of ``fedshift sweep --json`` (an empty
-    one for a worker of ``sweep --workers``: ``claims``, see ``table_workers``).
+    (``fedshift export``). ``folds``: one key whose values every grid point runs, scored
+    per seed by the mean over them (see the module docstring). Returns the JSON summary of
+    ``fedshift sweep --json`` (an empty one for a worker of ``sweep --workers``: ``claims``,
+    see ``table_workers``).
     """
     from .experiment import check_options
 
@@ -145,22 +166,31 @@ def run_sweep(
     for key in grid:
         if key in ("seed", "seeds"):
             raise FedshiftError("sweep seeds with --seeds, not --grid seed=…")
+    fold_sets = fold_overrides(folds or {}, grid)
     points = grid_points(grid) if grid else [{}]
-    configs = []
+    configs = []  # per point: seed-major, then fold
     for params in points:
-        per_seed = [resolve(source, {**overrides, **params, "seed": s}) for s in seeds]
-        check_options(per_seed[0])  # before anything runs
-        configs.append(per_seed)
+        per_run = [
+            resolve(source, {**overrides, **params, **fold, "seed": s})
+            for s in seeds
+            for fold in fold_sets
+        ]
+        check_options(per_run[0])  # before anything runs
+        configs.append(per_run)
 
     from .jobs import Job, run_jobs
     from .results.store import new_group
 
     group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
     point_jobs = []  # each grid point's runs, one per seed
-    for params, per_seed in zip(points, configs, strict=True):
+    for params, per_run in zip(points, configs, strict=True):
         name = ", ".join(f"{k}={v}" for k, v in params.items())
+        folds_of = ["".join(f"{k}={v}, " for k, v in fold.items()) for fold in fold_sets]
         point_jobs.append(
-            [Job(cfg, f"{name or cfg.algorithm} (seed {cfg.seed})") for cfg in per_seed]
+            [
+                Job(cfg, f"{name or cfg.algorithm} ({folds_of[i % len(fold_sets)]}seed {cfg.seed})")
+                for i, cfg in enumerate(per_run)
+            ]
         )
     if claims is not None:  # a worker: the runs it claims, no summary
         from .table_workers import train_claimed
@@ -183,6 +213,8 @@ def run_sweep(
             reuse=resume,
             export_to=export_to,
         )
+        vals: list[float] = []
+        metrics: list[dict] = []
         for run in runs:
             point.run_ids.append(run.run_id)
             if run.diverged:
@@ -193,8 +225,12 @@ def run_sweep(
                     f"scenario {run.job.config.scenario!r} has no validation environment, and "
                     "a sweep selects by validation accuracy only (never by test)"
                 )
-            point.val.append(run.val)
-            point.metrics.append(run.metrics)
+            vals.append(run.val)
+            metrics.append(run.metrics)
+            if len(vals) == len(fold_sets):  # a seed's folds are done: its score
+                point.val.append(sum(vals) / len(vals))
+                point.metrics.append(metrics[0] if len(metrics) == 1 else over_seeds(metrics)[0])
+                vals, metrics = [], []
         done.append(point.result())
 
     best, usable = select_point(done)
@@ -205,6 +241,7 @@ def run_sweep(
         "rounds": first.rounds,
         "seeds": list(seeds),
         "grid": {k: list(v) for k, v in grid.items()},
+        "folds": {k: list(v) for k, v in (folds or {}).items()},
         "selection": (
             "validation accuracy (mean over seeds), degenerate and diverged points excluded"
         ),
