@@ -18,18 +18,13 @@ from fedshift.flower.run import RAY_ENV  # noqa: E402
 
 
 @pytest.fixture
-def ray_with_our_env():
+def ray_with_our_env(monkeypatch):
     folder = tempfile.mkdtemp(prefix="fsray", dir="/tmp")  # Ray's socket paths are short
-    saved = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_TMPDIR")}
-    os.environ.update(RAY_ENV, RAY_TMPDIR=folder)
+    for k, v in {**RAY_ENV, "RAY_TMPDIR": folder}.items():
+        monkeypatch.setenv(k, v)
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
     shutil.rmtree(folder, ignore_errors=True)
 
 
