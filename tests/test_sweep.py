@@ -143,8 +143,9 @@ def test_sweep_rejects_bad_input_before_running(tmp_path):
 
 def test_folds_score_each_seed_by_the_mean_over_its_folds(tmp_path):
     """A leave-one-domain-out table is scored by the mean over its folds: with ``--folds``
-    every grid point runs each fold for each seed, a seed's validation score and test
-    metrics are the mean over its folds, and mean ± std are over seeds."""
+    every grid point runs each fold for each seed, a seed's validation score is the mean
+    over its folds and its test metrics combine the folds as ``reproduce`` does (each
+    fold's average an environment), and mean ± std are over seeds."""
     db = tmp_path / "r.db"
     args = ["sweep", "--set", "scenario=digits-shortcut", "--grid", "lr=0.05,0.2"]
     args += ["--folds", "scenario.p_val=0.1,0.9", "--seeds", "0,1", "--rounds", "1"]
@@ -163,12 +164,58 @@ def test_folds_score_each_seed_by_the_mean_over_its_folds(tmp_path):
         val = [sum(r["val"] for r in rs) / 2 for rs in per_seed]
         assert p["val"] == pytest.approx(sum(val) / 2)
         assert p["val_std"] == pytest.approx(abs(val[0] - val[1]) / 2**0.5)
-        worst = [sum(r["metrics"]["worst"] for r in rs) / 2 for rs in per_seed]
+        worst = [min(r["metrics"]["average"] for r in rs) for rs in per_seed]  # lowest fold
+        average = [sum(r["metrics"]["average"] for r in rs) / 2 for rs in per_seed]
         assert p["metrics"]["worst"] == pytest.approx(sum(worst) / 2)
         assert p["metrics_std"]["worst"] == pytest.approx(abs(worst[0] - worst[1]) / 2**0.5)
+        assert p["metrics"]["average"] == pytest.approx(sum(average) / 2)
+        assert set(p["metrics"]["per_env"]) == {"p_val=0.1", "p_val=0.9"}
     # the folds' values do vary the validation: the two folds of a seed differ
     first = [stored[r]["val"] for r in s["points"][0]["run_ids"][:2]]
     assert first[0] != first[1]
     for bad in (["--folds", "lr=0.1,0.2"], ["--folds", "seed=0,1"], ["--folds", "lr"]):
         res = runner.invoke(app, [*args[:5], *bad, "--rounds", "1", "--db", str(db)])
         assert res.exit_code == 2 and "Traceback" not in res.output, (bad, res.output)
+
+
+def test_a_table_row_sweeps_with_the_rows_settings_over_the_tables_folds(tmp_path):
+    """``fedshift sweep TABLE --method NAME``: every run takes the row's settings (the
+    configs ``reproduce`` gives it), and a table run once per fold is swept over its folds
+    unless told otherwise."""
+    from test_run_table_row import TINY
+
+    from fedshift.reproduce import reproduce
+
+    table = tmp_path / "tiny.toml"
+    table.write_text(TINY + '\n[sweep]\nkey = "scenario.p_val"\nvalues = [0.1, 0.9]\n')
+    db = tmp_path / "r.db"
+    args = ["sweep", str(table), "--method", "FedProx (mu 0.1)", "--grid", "lr=0.1,0.3"]
+    res = runner.invoke(app, [*args, "--rounds", "1", "--db", str(db), "--json"])
+    assert res.exit_code == 0, res.output
+    s = last_json(res.stdout)
+    assert s["table"] == {"id": "tiny", "method": "FedProx (mu 0.1)"}
+    assert s["folds"] == {"scenario.p_val": ["0.1", "0.9"]} and len(s["run_ids"]) == 4
+    ours = reproduce(
+        str(table), methods=["FedProx (mu 0.1)"], seeds=1, rounds=1, db=db,
+        out_dir=tmp_path / "rep",
+    )  # fmt: skip
+    store = RunStore(db)
+    row_runs = ours["methods"][0]["run_ids"]  # the row's own lr, 0.1: the sweep's first point
+    assert [store.run(r)["config"] for r in row_runs] == [
+        store.run(r)["config"] for r in s["points"][0]["run_ids"]
+    ]
+    cfg = store.run(s["points"][1]["run_ids"][0])["config"]
+    assert cfg["algorithm"] == "fedprox" and float(cfg["algorithm.mu"]) == 0.1
+    assert cfg["local_steps"] == 3 and float(cfg["lr"]) == 0.3  # the row's, and the grid's
+    point = s["points"][0]
+    assert point["metrics"]["per_env"] == {
+        f"p_val={v}": store.run(r)["metrics"]["average"]
+        for v, r in zip(("0.1", "0.9"), point["run_ids"], strict=True)
+    }
+    # --set of the fold key runs that fold only; a preset with --method is refused
+    res = runner.invoke(
+        app, [*args, "--set", "scenario.p_val=0.5", "--rounds", "1", "--db", str(db), "--json"]
+    )
+    assert res.exit_code == 0 and last_json(res.stdout)["folds"] == {}, res.output
+    res = runner.invoke(app, ["sweep", "mnist-iid-fedavg", "--method", "FedAvg", "--db", str(db)])
+    assert res.exit_code == 2 and "not a table" in res.output, res.output

@@ -156,7 +156,8 @@ def run(
 @app.command(cls=OnceCommand)
 @user_errors
 def sweep(
-    source: Annotated[str | None, typer.Argument(help="preset name or TOML file")] = None,
+    source: SourceArgument = None,
+    method: MethodOption = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", "-s", help="fixed config key: key=value")
     ] = None,
@@ -190,20 +191,30 @@ def sweep(
         Path | None, typer.Option(hidden=True, help="internal: a --workers worker's claims")
     ] = None,
 ) -> None:
-    """Grid × seeds; selects the grid point by validation accuracy, reports its test metrics."""
+    """Grid × seeds; selects the grid point by validation accuracy, reports its test
+    metrics. SOURCE: a run preset or TOML file, or a paper table's method (`TABLE --method
+    NAME`: every run takes that row's settings, and a table run once per fold is swept over
+    its folds)."""
     from .config import add_options, parse_seeds, parse_set, resolve
     from .sweep import fold_overrides, grid_points, parse_grid, run_sweep
+    from .tables import table_row
 
     given = {"rounds": rounds, "device": device, "data_dir": data_dir}
     overrides = add_options(parse_set(set_ or []), {**given, "imports": import_first(imports)})
+    row = table_row(source, method)  # a paper table's method, else None
 
     fold_values = parse_grid([folds]) if folds else {}  # bad input: one sentence, first
+    if row is not None and not folds and row.table.sweep_key not in (None, *overrides):
+        fold_values = {row.table.sweep_key: list(row.table.sweep_values)}  # as reproduce's
+
+    def build(values: dict):
+        return row.config(values) if row is not None else resolve(source, values)
 
     def run(resume: bool, claims: Path | None = None) -> dict:
         points, seed_list = parse_grid(grid or []), parse_seeds(seeds)
         return run_sweep(
             source, overrides, points, seed_list, db, progress_bar, resume, export_to, claims,
-            folds=fold_values,
+            folds=fold_values, row=row,
         )  # fmt: skip
 
     if worker_claims is not None:  # one of --workers' processes: its share, no summary
@@ -221,8 +232,9 @@ def sweep(
         for item in grid or []:
             args += ["--grid", item]
         args += ["--folds", folds] if folds else []
+        args += ["--method", method] if method else []
         given = {"device": device, "data_dir": data_dir, "export_to": export_to}
-        threads_given = resolve(source, overrides).threads != 0
+        threads_given = build({**overrides, **fold_overrides(fold_values, {})[0]}).threads != 0
         args += common_args(
             workers, db=db, sets=set_ or [], threads_given=threads_given, resume=resume,
             imports=imports, **given,
@@ -241,7 +253,7 @@ def sweep(
                 for s in parse_seeds(seeds)
                 for f in in_folds
             ]
-            return [resolve(source, values) for values in each]
+            return [build(values) for values in each]
 
         hint_workers(configs, db, resume, say)
     result = run(resume)

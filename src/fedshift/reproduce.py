@@ -17,6 +17,7 @@ from typing import Any
 
 from .config import RunConfig, apply
 from .errors import FedshiftError
+from .eval.metrics import combine_folds
 from .results.comparison import MethodResult, compare
 from .results.reproduction import summary, write_reproduction_report
 from .results.store import DEFAULT_DB
@@ -30,24 +31,6 @@ from .tables import (
     missing_algorithms,
     select_methods,
 )
-
-
-def _combine_sweep(metrics: list[dict], label: str, values: list) -> dict:
-    """The runs of a sweep as one result: each run's average accuracy is an environment."""
-    per_env = {f"{label}={v}": m["average"] for v, m in zip(values, metrics, strict=True)}
-    ok = [v for v in per_env.values() if v is not None]
-    clients = [m["worst_client"] for m in metrics if m["worst_client"] is not None]
-    bad = [m for m in metrics if m.get("degenerate")]
-    pooled = [m["average_pooled"] for m in metrics if m.get("average_pooled") is not None]
-    return {
-        "average_pooled": sum(pooled) / len(pooled) if pooled else None,
-        "worst": min(ok) if ok else None,
-        "average": sum(ok) / len(ok) if ok else None,
-        "worst_client": min(clients) if clients else None,
-        "per_env": per_env,
-        "degenerate": bool(bad),
-        "degenerate_why": bad[0].get("degenerate_why") if bad else None,
-    }
 
 
 @dataclass
@@ -223,7 +206,7 @@ def run_table(
         for i in range(0, len(done), len(sweep)):  # one seed's runs
             metrics = [f.metrics for f in done[i : i + len(sweep)]]
             if table.sweep_key:
-                per_seed.append(_combine_sweep(metrics, table.sweep_key.split(".")[-1], sweep))
+                per_seed.append(combine_folds(metrics, table.sweep_key.split(".")[-1], sweep))
             else:
                 per_seed.append(metrics[0])
         results.append(MethodResult.from_seeds(m, [f.run_id for f in done], per_seed))

@@ -18,14 +18,17 @@ diverged point is never selected; when every point diverged the sweep fails with
 sentence.
 
 ``--folds scenario.held_out=0,15,30`` sweeps a leave-one-domain-out table as the table is
-scored: every grid point runs every fold for every seed, and its score for a seed is the
-mean over the folds (each fold's validation rows come from its own training domains, the
-training-domain validation of DomainBed, Gulrajani & Lopez-Paz 2021); mean ± std are then
-over seeds. Without it, selecting on one held-out domain would tune for that fold only.
+scored: every grid point runs every fold for every seed; a seed's validation score is the
+mean over its folds (each fold's validation rows come from its own training domains, the
+training-domain validation of DomainBed, Gulrajani & Lopez-Paz 2021) and its test metrics
+are combined as ``reproduce`` combines the table's folds (each fold's average accuracy an
+environment: worst = the lowest fold, average = their mean); mean ± std are then over
+seeds. Without it, selecting on one held-out domain would tune for that fold only.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +37,7 @@ from typing import Any
 
 from .config import resolve
 from .errors import FedshiftError
-from .eval.metrics import mean_std, over_seeds
+from .eval.metrics import combine_folds, mean_std, over_seeds
 
 
 def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
@@ -86,7 +89,7 @@ def parse_grid(items: list[str]) -> dict[str, list[str]]:
     return grid
 
 
-def fold_overrides(folds: dict[str, list[str]], grid: dict[str, list[str]]) -> list[dict]:
+def fold_overrides(folds: dict[str, list], grid: dict[str, list[str]]) -> list[dict]:
     """The config values of each fold (``[{}]``: no folds). One key, not also swept."""
     if not folds:
         return [{}]
@@ -96,6 +99,12 @@ def fold_overrides(folds: dict[str, list[str]], grid: dict[str, list[str]]) -> l
     if key in grid or key in ("seed", "seeds"):
         raise FedshiftError(f"--folds {key} cannot also be swept or be the seed; name it once")
     return [{key: v} for v in values]
+
+
+def fold_label(folds: dict[str, list]) -> tuple[str, list]:
+    """The environment label of each fold's result (``held_out=0``, as ``reproduce``)."""
+    key, values = next(iter(folds.items()))
+    return key.split(".")[-1], values
 
 
 def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -146,7 +155,8 @@ def run_sweep(
     resume: bool = False,
     export_to: str | Path | None = None,
     claims: Path | None = None,
-    folds: dict[str, list[str]] | None = None,
+    folds: dict[str, list] | None = None,
+    row: Any = None,
 ) -> dict[str, Any]:
     """Run every grid point with every seed and select by validation accuracy.
 
@@ -157,7 +167,8 @@ def run_sweep(
     (``fedshift export``). ``folds``: one key whose values every grid point runs, scored
     per seed by the mean over them (see the module docstring). Returns the JSON summary of
     ``fedshift sweep --json`` (an empty one for a worker of ``sweep --workers``: ``claims``,
-    see ``table_workers``).
+    see ``table_workers``). ``row``: a paper table's method (``tables.Row``), whose settings
+    every run takes as ``fedshift run TABLE --method NAME`` would (``source`` unused).
     """
     from .experiment import check_options
 
@@ -168,12 +179,11 @@ def run_sweep(
             raise FedshiftError("sweep seeds with --seeds, not --grid seed=…")
     fold_sets = fold_overrides(folds or {}, grid)
     points = grid_points(grid) if grid else [{}]
+    build = row.config if row is not None else functools.partial(resolve, source)
     configs = []  # per point: seed-major, then fold
     for params in points:
         per_run = [
-            resolve(source, {**overrides, **params, **fold, "seed": s})
-            for s in seeds
-            for fold in fold_sets
+            build({**overrides, **params, **fold, "seed": s}) for s in seeds for fold in fold_sets
         ]
         check_options(per_run[0])  # before anything runs
         configs.append(per_run)
@@ -186,9 +196,14 @@ def run_sweep(
     for params, per_run in zip(points, configs, strict=True):
         name = ", ".join(f"{k}={v}" for k, v in params.items())
         folds_of = ["".join(f"{k}={v}, " for k, v in fold.items()) for fold in fold_sets]
+        what = name or (row.method.name if row is not None else per_run[0].algorithm)
         point_jobs.append(
             [
-                Job(cfg, f"{name or cfg.algorithm} ({folds_of[i % len(fold_sets)]}seed {cfg.seed})")
+                Job(
+                    cfg,
+                    f"{what} ({folds_of[i % len(fold_sets)]}seed {cfg.seed})",
+                    functools.partial(row.data, cfg) if row is not None else None,
+                )
                 for i, cfg in enumerate(per_run)
             ]
         )
@@ -229,19 +244,22 @@ def run_sweep(
             metrics.append(run.metrics)
             if len(vals) == len(fold_sets):  # a seed's folds are done: its score
                 point.val.append(sum(vals) / len(vals))
-                point.metrics.append(metrics[0] if len(metrics) == 1 else over_seeds(metrics)[0])
+                point.metrics.append(
+                    combine_folds(metrics, *fold_label(folds)) if folds else metrics[0]
+                )
                 vals, metrics = [], []
         done.append(point.result())
 
     best, usable = select_point(done)
     first = configs[0][0]
     return {
+        "table": None if row is None else {"id": row.table.id, "method": row.method.name},
         "algorithm": first.algorithm,
         "scenario": first.scenario,
         "rounds": first.rounds,
         "seeds": list(seeds),
         "grid": {k: list(v) for k, v in grid.items()},
-        "folds": {k: list(v) for k, v in (folds or {}).items()},
+        "folds": {k: [str(x) for x in v] for k, v in (folds or {}).items()},
         "selection": (
             "validation accuracy (mean over seeds), degenerate and diverged points excluded"
         ),

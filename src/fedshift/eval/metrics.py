@@ -247,6 +247,26 @@ def over_seeds(summaries: list[dict]) -> tuple[dict, dict]:
     return mean, combine(lambda v: mean_std(v)[1])
 
 
+def combine_folds(metrics: list[dict], label: str, values: list) -> dict:
+    """The runs of a table's folds (one run per ``label`` value, e.g. each held-out domain)
+    as one result: each run's average accuracy is an environment, so ``worst`` is the
+    lowest fold and ``average`` their mean (``reproduce`` and ``sweep --folds`` alike)."""
+    per_env = {f"{label}={v}": m["average"] for v, m in zip(values, metrics, strict=True)}
+    ok = [v for v in per_env.values() if v is not None]
+    clients = [m["worst_client"] for m in metrics if m["worst_client"] is not None]
+    bad = [m for m in metrics if m.get("degenerate")]
+    pooled = [m["average_pooled"] for m in metrics if m.get("average_pooled") is not None]
+    return {
+        "average_pooled": sum(pooled) / len(pooled) if pooled else None,
+        "worst": min(ok) if ok else None,
+        "average": sum(ok) / len(ok) if ok else None,
+        "worst_client": min(clients) if clients else None,
+        "per_env": per_env,
+        "degenerate": bool(bad),
+        "degenerate_why": bad[0].get("degenerate_why") if bad else None,
+    }
+
+
 @dataclass
 class EvalCounts:
     """What one evaluation counted: correct and total [N, E] per client and environment,
