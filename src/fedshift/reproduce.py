@@ -206,7 +206,7 @@ def run_table(
         for i in range(0, len(done), len(sweep)):  # one seed's runs
             metrics = [f.metrics for f in done[i : i + len(sweep)]]
             if table.sweep_key:
-                per_seed.append(combine_folds(metrics, table.sweep_key.split(".")[-1], sweep))
+                per_seed.append(combine_folds(metrics, table.sweep_key, sweep))
             else:
                 per_seed.append(metrics[0])
         results.append(MethodResult.from_seeds(m, [f.run_id for f in done], per_seed))

@@ -101,12 +101,6 @@ def fold_overrides(folds: dict[str, list], grid: dict[str, list[str]]) -> list[d
     return [{key: v} for v in values]
 
 
-def fold_label(folds: dict[str, list]) -> tuple[str, list]:
-    """The environment label of each fold's result (``held_out=0``, as ``reproduce``)."""
-    key, values = next(iter(folds.items()))
-    return key.split(".")[-1], values
-
-
 def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
     """Cartesian product in the order given (the last key varies fastest)."""
     keys = list(grid)
@@ -192,10 +186,10 @@ def run_sweep(
     from .results.store import new_group
 
     group = new_group("sweep")  # every run of this sweep: fedshift runs --sweep ID
-    point_jobs = []  # each grid point's runs, one per seed
+    point_jobs = []  # each grid point's runs, one per seed and fold
+    folds_of = ["".join(f"{k}={v}, " for k, v in fold.items()) for fold in fold_sets]
     for params, per_run in zip(points, configs, strict=True):
         name = ", ".join(f"{k}={v}" for k, v in params.items())
-        folds_of = ["".join(f"{k}={v}, " for k, v in fold.items()) for fold in fold_sets]
         what = name or (row.method.name if row is not None else per_run[0].algorithm)
         point_jobs.append(
             [
@@ -245,7 +239,7 @@ def run_sweep(
             if len(vals) == len(fold_sets):  # a seed's folds are done: its score
                 point.val.append(sum(vals) / len(vals))
                 point.metrics.append(
-                    combine_folds(metrics, *fold_label(folds)) if folds else metrics[0]
+                    combine_folds(metrics, *next(iter(folds.items()))) if folds else metrics[0]
                 )
                 vals, metrics = [], []
         done.append(point.result())

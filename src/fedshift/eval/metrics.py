@@ -247,10 +247,12 @@ def over_seeds(summaries: list[dict]) -> tuple[dict, dict]:
     return mean, combine(lambda v: mean_std(v)[1])
 
 
-def combine_folds(metrics: list[dict], label: str, values: list) -> dict:
-    """The runs of a table's folds (one run per ``label`` value, e.g. each held-out domain)
-    as one result: each run's average accuracy is an environment, so ``worst`` is the
-    lowest fold and ``average`` their mean (``reproduce`` and ``sweep --folds`` alike)."""
+def combine_folds(metrics: list[dict], key: str, values: list) -> dict:
+    """The runs of a table's folds (one run per value of config ``key``, e.g. each held-out
+    domain) as one result: each run's average accuracy is an environment (``held_out=0``),
+    so ``worst`` is the lowest fold and ``average`` their mean (``reproduce`` and ``sweep
+    --folds`` alike)."""
+    label = key.split(".")[-1]
     per_env = {f"{label}={v}": m["average"] for v, m in zip(values, metrics, strict=True)}
     ok = [v for v in per_env.values() if v is not None]
     clients = [m["worst_client"] for m in metrics if m["worst_client"] is not None]
