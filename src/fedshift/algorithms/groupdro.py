@@ -5,7 +5,10 @@ Objective: min_w max_{q ∈ Δ} Σ_i q_i R_i(w). Federated reading of Algorithm 
 keeps q over all clients; each sampled client trains as in FedAvg and uploads its model and
 mean training loss ℓ_i; the server sets q_i ← q_i·exp(η_q·ℓ_i) (participants only), normalises
 q, and averages the participants' models with weights q_i (renormalised over the
-participants). Default η_q = 0.01 (the paper's step size). η_q = 0 → uniform-weight FedAvg.
+participants). Default η_q = 0.01, Sagawa et al.'s step size, which they apply after every
+minibatch; here (as in PerInvFL's federated GroupDRO, whose server updates q from the uploaded
+risks) it is applied once a round, so q moves as far in a round as in one of their steps.
+Tables choose η_q by validation (docs/methods/ood-baselines.md). η_q = 0 → uniform FedAvg.
 """
 
 from __future__ import annotations

@@ -49,6 +49,17 @@ def test_groupdro_weight_step_by_hand():
     torch.testing.assert_close(out, raw / raw.sum())
 
 
+def test_groupdro_weight_step_stays_finite_at_large_step_sizes():
+    """exp(η_q·ℓ) overflows float32 past 88: the step must give the max-loss limit, not NaN
+    (η_q = 1000 with losses near 0.3 made a whole rcfmnist run diverge in round 1)."""
+    from fedshift.algorithms.common.invariance import groupdro_weights
+
+    q = torch.full((4,), 0.25)
+    out = groupdro_weights(q, torch.tensor([0, 1, 3]), torch.tensor([0.30, 0.34, 0.31]), 1000.0)
+    assert torch.isfinite(out).all() and out.sum().item() == pytest.approx(1.0)
+    assert out.argmax().item() == 1 and out[1].item() > 0.999
+
+
 def test_fedipg_penalty_by_hand_and_gradcheck():
     x, y = torch.tensor([1.0, 2.0]), torch.tensor(1.0)
 

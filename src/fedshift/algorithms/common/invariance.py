@@ -25,10 +25,13 @@ def irm_weight(round_: Tensor, anneal_rounds: int, lambda_: float) -> Tensor:
 
 def groupdro_weights(q: Tensor, ids: Tensor, losses: Tensor, eta_q: float) -> Tensor:
     """GroupDRO's online weight step (Sagawa et al. 2020, Algorithm 1): q_g ← q_g·exp(η_q·ℓ_g)
-    for the groups ``ids`` seen this round, then q normalised over all groups."""
-    q = q.clone()
-    q[ids] = q[ids] * torch.exp(eta_q * losses)
-    return q / q.sum()
+    for the groups ``ids`` seen this round, then q normalised over all groups.
+
+    Taken in log space (a softmax of log q + η_q·ℓ), the same weights without exp's overflow:
+    a large η_q gives the max-loss limit, not NaN (float32 exp overflows past η_q·ℓ ≈ 88)."""
+    logits = q.log()
+    logits[ids] = logits[ids] + eta_q * losses.to(logits.dtype)
+    return torch.softmax(logits, dim=0)
 
 
 def gradient_alignment_penalty(risk_fn, params: dict[str, Tensor], *args) -> tuple[Tensor, Tensor]:
