@@ -91,7 +91,8 @@ def test_stopping_the_parent_stops_every_worker_at_a_checkpoint(tmp_path):
     rows = RunStore(db).runs()
     assert {r["status"] for r in rows} <= {"done", "interrupted"}
     stopped = [r for r in rows if r["status"] == "interrupted"]
-    assert 1 <= len(stopped) <= 2 and all(r["rounds_done"] > 0 for r in stopped)
+    # the run waited for stopped mid-way; the other worker may have just begun one (round 0)
+    assert 1 <= len(stopped) <= 2 and any(r["rounds_done"] > 0 for r in stopped)
     assert not list((tmp_path / "out" / "workers").glob("claims-*"))
     again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
