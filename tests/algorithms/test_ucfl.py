@@ -56,6 +56,28 @@ def test_ucfl_gradient_statistics_match_autograd():
     assert (sigma2[sizes < 16] == 0).all()  # one batch = all data: no spread to measure
 
 
+def test_ucfl_stat_batch_zero_is_a_third_of_each_users_data():
+    """§V-F's n_k = N/3 (the covariate and concept-shift presets): three minibatches per
+    user, so every user gets a spread to measure; a batch above n_i gives none."""
+    _, thirds = experiment("ucfl", stat_batch=0).algorithm.gradient_statistics()
+    _, whole = experiment("ucfl", stat_batch=10**6).algorithm.gradient_statistics()
+    assert (thirds > 0).all()
+    assert (whole == 0).all()
+
+
+def test_ucfl_presets_use_the_papers_variance_minibatch():
+    from fedshift.tables import load_table
+
+    for table_id, n_k in [
+        ("ucfl-label-shift", 100),
+        ("ucfl-label-covariate", 0),
+        ("ucfl-concept-shift", 0),
+    ]:
+        table = load_table(table_id)
+        for method in (m for m in table.methods if m.algorithm == "ucfl"):
+            assert method.options.get("stat_batch", 100) == n_k, (table_id, method.name)
+
+
 def test_ucfl_silhouette_picks_two_clear_groups():
     exp = experiment("ucfl")
     pts = np.concatenate([np.zeros((4, 3)), np.ones((3, 3))]) + 0.01 * np.arange(21).reshape(7, 3)
