@@ -432,3 +432,52 @@ def test_tuned_settings_are_recorded_checked_and_reported(tmp_path):
     bad.write_text(text.replace('"algorithm.mu" = ', '"algorithm.alpha" = '))
     with pytest.raises(FedshiftError, match="does not set it"):
         load_table(str(bad))
+
+
+def test_untuned_and_given_settings_are_reported_and_unrecorded_ones_named(tmp_path):
+    """A report cannot leave out how a setting was chosen: by validation (tuned), by hand
+    (untuned) or by the paper (given); a hyper-parameter with no record is named."""
+    from fedshift.tables import unrecorded_settings
+
+    text = TWO.replace(
+        'source = "a test table"',
+        'source = "a test table"\n'
+        'untuned = { rounds = "ours: the paper gives none", batch_size = "ours" }\n'
+        'given = { lr = "§4, Table 2" }',
+    )
+    path = tmp_path / "records.toml"
+    path.write_text(text)
+    table = load_table(str(path))
+    assert table.untuned == {"rounds": "ours: the paper gives none", "batch_size": "ours"}
+    assert unrecorded_settings(table) == [
+        ("all methods", "local_steps"),
+        ("FedProx", "algorithm.mu"),
+    ]
+    reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "out", seeds=1, quick=True)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "set by hand (no validation chose them)" in report
+    assert "| all methods | rounds | ours: the paper gives none |" in report
+    assert (
+        "### Settings from the paper" in report and "| all methods | lr | §4, Table 2 |" in report
+    )
+    assert "`local_steps` (all methods), `algorithm.mu` (FedProx)" in report
+    # a module default may be declared, an option the algorithm lacks may not
+    ok = text.replace(
+        "options = { mu = 0.1 }", 'options = { mu = 0.1 }\ngiven = { "algorithm.mu" = "§5" }'
+    )
+    assert unrecorded_settings(load_table(_write(tmp_path / "ok.toml", ok))) == [
+        ("all methods", "local_steps")
+    ]
+    stray = text.replace(
+        'name = "FedAvg"', 'name = "FedAvg"\nuntuned = { "algorithm.alpha" = "ours" }'
+    )
+    with pytest.raises(FedshiftError, match="neither sets it nor has it as an option of fedavg"):
+        load_table(_write(tmp_path / "stray.toml", stray))
+    twice = text.replace('given = { lr = "§4, Table 2" }', 'given = { rounds = "§4" }')
+    with pytest.raises(FedshiftError, match="recorded as both untuned and given"):
+        load_table(_write(tmp_path / "twice.toml", twice))
+
+
+def _write(path, text):
+    path.write_text(text)
+    return str(path)

@@ -40,8 +40,13 @@ as ``fedshift/configs``)::
 
 ``tuned`` (in ``[[method]]``, or in ``[table]`` for the shared ``[run]`` keys) records, for
 each setting the paper does not give, how it was chosen: the ``fedshift sweep`` command on
-validation data and what it found. Every tuned key must be a key the table sets (checked
-on load); the report lists them under "Settings the paper does not give".
+validation data and what it found. ``untuned`` records the settings the paper does not give
+that no validation chose (ours, by hand: say why), and ``given`` the settings taken from the
+paper (say where). Every recorded key must be a key the table sets, or an option of the
+method's algorithm (a module default stated as such), and sits in one record only (checked on
+load); the report lists each record, and the settings of the table's hyper-parameters
+(:data:`RECORDED_KEYS`) that none of them accounts for, under "Settings and how they were
+chosen".
 
 Every method runs on the same partitions: for seed k all methods use the scenario built
 with seed k (or ``scenario_seed`` when set), built once and shared. Each run is recorded
@@ -83,6 +88,8 @@ class Method:
     published: dict[str, float] = field(default_factory=dict)
     ours: bool = False  # a variant of ours shown beside the paper's rows (no published number)
     tuned: dict[str, str] = field(default_factory=dict)  # setting → how it was chosen
+    untuned: dict[str, str] = field(default_factory=dict)  # setting → why set by hand
+    given: dict[str, str] = field(default_factory=dict)  # setting → where the paper gives it
 
 
 @dataclass
@@ -102,6 +109,23 @@ class Table:
     sweep_values: list[Any] = field(default_factory=list)
     notes: str = ""
     tuned: dict[str, str] = field(default_factory=dict)  # shared [run] setting → how chosen
+    untuned: dict[str, str] = field(default_factory=dict)  # shared setting → why set by hand
+    given: dict[str, str] = field(default_factory=dict)  # shared setting → the paper's place
+
+
+# the settings whose choice a table must account for (tuned, untuned or given): the shared
+# [run] hyper-parameters, every method's own overrides of them, and every option it sets
+RECORDED_KEYS = (
+    "rounds",
+    "lr",
+    "batch_size",
+    "local_epochs",
+    "local_steps",
+    "momentum",
+    "weight_decay",
+    "participation",
+)
+RECORDS = ("tuned", "untuned", "given")
 
 
 # ---------------------------------------------------------------- loading
@@ -153,7 +177,7 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
             _flatten(dict(m.get("set", {}))),
             published,
             bool(m.get("ours", False)),
-            {str(k): str(v) for k, v in m.get("tuned", {}).items()},
+            *(_record(m, r) for r in RECORDS),
         )
         own = {f"algorithm.{k}" for k in method.options} | set(method.settings)
         unknown = sorted(set(method.tuned) - own)
@@ -162,6 +186,20 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
                 f"method {method.name!r} records how {unknown[0]!r} was tuned but does not set "
                 "it; tuned keys must be the method's options (algorithm.NAME) or set keys"
             )
+        for record in ("untuned", "given"):
+            stray = sorted(k for k in getattr(method, record) if k not in own)
+            if stray and not all(k.startswith("algorithm.") for k in stray):
+                stray = [k for k in stray if not k.startswith("algorithm.")]
+            elif stray:  # module defaults: options of the algorithm, when it is registered
+                names = algorithm_option_names(method.algorithm)
+                stray = [k for k in stray if names and k.removeprefix("algorithm.") not in names]
+            if stray:
+                raise FedshiftError(
+                    f"method {method.name!r} records {stray[0]!r} as {record} but neither sets "
+                    f"it nor has it as an option of {method.algorithm}; {record} keys must be "
+                    "the method's options (algorithm.NAME) or set keys"
+                )
+        _one_record_each(getattr(method, r) for r in RECORDS)
         methods.append(method)
     if not methods:
         raise FedshiftError("the table lists no [[method]] entries")
@@ -170,12 +208,22 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
         raise FedshiftError(f"method names must be distinct in a table, got {names}")
     sweep = raw.get("sweep", {})
     run = _flatten(dict(raw.get("run", {})))
-    tuned = {str(k): str(v) for k, v in head.get("tuned", {}).items()}
-    unknown = sorted(set(tuned) - set(run))
+    tuned, untuned, given = (_record(head, r) for r in RECORDS)
+    options = {f"algorithm.{k}" for m in methods for k in m.options}
+    unknown = sorted(set(tuned) - set(run) - options)
     if unknown:
         raise FedshiftError(
-            f"the table records how {unknown[0]!r} was tuned but its [run] does not set it"
+            f"the table records how {unknown[0]!r} was tuned but neither its [run] nor a "
+            "method's options set it"
         )
+    for record, keys in (("untuned", untuned), ("given", given)):
+        stray = sorted(set(keys) - set(run) - options)
+        if stray:
+            raise FedshiftError(
+                f"the table records {stray[0]!r} as {record} but neither its [run] nor a "
+                "method's options set it"
+            )
+    _one_record_each([tuned, untuned, given])
     return Table(
         id=str(head.get("id", default_id)),
         title=str(head.get("title", default_id)),
@@ -192,7 +240,44 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
         sweep_values=list(sweep.get("values", [])),
         notes=str(head.get("notes", "")),
         tuned=tuned,
+        untuned=untuned,
+        given=given,
     )
+
+
+def _record(raw: dict, record: str) -> dict[str, str]:
+    return {str(k): str(v) for k, v in raw.get(record, {}).items()}
+
+
+def _one_record_each(records) -> None:
+    """A setting is tuned, untuned or given, not two of them."""
+    seen: dict[str, int] = {}
+    for i, record in enumerate(records):
+        for key in record:
+            if key in seen:
+                raise FedshiftError(
+                    f"{key!r} is recorded as both {RECORDS[seen[key]]} and {RECORDS[i]}; a "
+                    "setting is tuned (by validation), untuned (by hand) or given (by the "
+                    "paper)"
+                )
+            seen[key] = i
+
+
+def unrecorded_settings(table: Table) -> list[tuple[str, str]]:
+    """(method or "all methods", key) of each hyper-parameter the table sets that no
+    ``tuned``, ``untuned`` or ``given`` record accounts for."""
+    shared = {**table.tuned, **table.untuned, **table.given}
+    out = [("all methods", k) for k in RECORDED_KEYS if k in table.run and k not in shared]
+    for m in table.methods:
+        own = {**m.tuned, **m.untuned, **m.given}
+        keys = [k for k in RECORDED_KEYS if k in m.settings]
+        keys += [f"algorithm.{k}" for k in m.options]
+        out += [
+            (m.name, k)
+            for k in keys
+            if k not in own and (k not in shared or not k.startswith("algorithm."))
+        ]
+    return out
 
 
 # ---------------------------------------------------------------- methods

@@ -79,14 +79,7 @@ def write_reproduction_report(
         )
     if table.notes:
         parts.append(f"Notes: {table.notes}")
-    tuned = [("all methods", k, v) for k, v in table.tuned.items()] + [
-        (r.method.name, k, v) for r in results for k, v in r.method.tuned.items()
-    ]
-    if tuned:
-        parts.append(
-            "### Settings the paper does not give (chosen on validation data)\n\n"
-            + _md_table(["method", "setting", "how it was chosen"], [list(t) for t in tuned])
-        )
+    parts += settings_records(table, [r.method for r in results])
     parts.append(_md_table(head, rows))
     bad = [r for r in results if r.degenerate]
     if bad:
@@ -185,6 +178,36 @@ def write_reproduction_report(
     path = out / "report.md"
     path.write_text("\n\n".join(parts) + "\n")
     return path
+
+
+SETTINGS_SECTIONS = (
+    ("tuned", "Settings the paper does not give (chosen on validation data)", "how it was chosen"),
+    ("untuned", "Settings the paper does not give, set by hand (no validation chose them)", "why"),
+    ("given", "Settings from the paper", "where the paper gives it"),
+)
+
+
+def settings_records(table: Table, methods) -> list[str]:
+    """The report's account of how each setting was chosen, and of those with no record."""
+    from ..tables import unrecorded_settings
+    from .report import _md_table
+
+    parts = []
+    for record, title, how in SETTINGS_SECTIONS:
+        rows = [["all methods", k, v] for k, v in getattr(table, record).items()]
+        rows += [[m.name, k, v] for m in methods for k, v in getattr(m, record).items()]
+        if rows:
+            parts.append(f"### {title}\n\n" + _md_table(["method", "setting", how], rows))
+    names = {m.name for m in methods}
+    missing = [(who, k) for who, k in unrecorded_settings(table) if who in names | {"all methods"}]
+    if missing:
+        parts.append(
+            "**Settings with no record** (neither the paper's, nor chosen on validation data, "
+            "nor declared as set by hand): "
+            + ", ".join(f"`{k}` ({who})" for who, k in missing)
+            + "."
+        )
+    return parts
 
 
 def model_checks(results: list[MethodResult]) -> list[list[str]]:
