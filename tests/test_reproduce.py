@@ -481,3 +481,10 @@ def test_untuned_and_given_settings_are_reported_and_unrecorded_ones_named(tmp_p
 def _write(path, text):
     path.write_text(text)
     return str(path)
+
+
+@pytest.mark.parametrize("table_id", table_names())
+def test_every_shipped_table_says_how_each_setting_was_chosen(table_id):
+    from fedshift.tables import unrecorded_settings
+
+    assert unrecorded_settings(load_table(table_id)) == []
