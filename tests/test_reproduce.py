@@ -453,7 +453,13 @@ def test_untuned_and_given_settings_are_reported_and_unrecorded_ones_named(tmp_p
         ("all methods", "local_steps"),
         ("FedProx", "algorithm.mu"),
     ]
-    reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "out", seeds=1, quick=True)
+    out = reproduce(str(path), db=tmp_path / "r.db", out_dir=tmp_path / "out", seeds=1, quick=True)
+    assert out["settings"]["given"] == {"lr": "§4, Table 2"}
+    assert out["settings"]["unrecorded"] == [
+        ["all methods", "local_steps"],
+        ["FedProx", "algorithm.mu"],
+    ]
+    assert out["methods"][1]["settings"]["tuned"] == {}
     report = (tmp_path / "out" / "report.md").read_text()
     assert "set by hand (no validation chose them)" in report
     assert "| all methods | rounds | ours: the paper gives none |" in report

@@ -317,6 +317,8 @@ def published_figure(table: Table, results: list[MethodResult]):
 
 def summary(table: Table, results: list[MethodResult], skipped, comparison, report) -> dict:
     """The JSON line of ``fedshift reproduce --json``."""
+    from ..tables import RECORDS, unrecorded_settings
+
     return {
         "table": table.id,
         "report": str(report),
@@ -330,9 +332,14 @@ def summary(table: Table, results: list[MethodResult], skipped, comparison, repo
                 "degenerate": r.degenerate,
                 "degenerate_seeds": r.degenerate_seeds,
                 "run_ids": r.run_ids,
+                "settings": {rec: getattr(r.method, rec) for rec in RECORDS},
             }
             for r in results
         ],
+        "settings": {
+            **{rec: getattr(table, rec) for rec in RECORDS},
+            "unrecorded": [list(x) for x in unrecorded_settings(table)],
+        },
         "skipped": skipped,
         "comparison": comparison,
     }
