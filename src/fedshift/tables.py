@@ -44,9 +44,10 @@ validation data and what it found. ``untuned`` records the settings the paper do
 that no validation chose (ours, by hand: say why), and ``given`` the settings taken from the
 paper (say where). Every recorded key must be a key the table sets, or an option of the
 method's algorithm (a module default stated as such), and sits in one record only (checked on
-load); the report lists each record, and the settings of the table's hyper-parameters
-(:data:`RECORDED_KEYS`) that none of them accounts for, under "Settings and how they were
-chosen".
+load; in ``[table]`` a record may also name an option several methods set). The report
+lists each record in its own section, and names under "Settings with no record" each of the
+table's hyper-parameters (:data:`RECORDED_KEYS`, every method's options) that none accounts
+for.
 
 Every method runs on the same partitions: for seed k all methods use the scenario built
 with seed k (or ``scenario_seed`` when set), built once and shared. Each run is recorded
