@@ -188,12 +188,11 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
                 "it; tuned keys must be the method's options (algorithm.NAME) or set keys"
             )
         for record in ("untuned", "given"):
-            stray = sorted(k for k in getattr(method, record) if k not in own)
-            if stray and not all(k.startswith("algorithm.") for k in stray):
-                stray = [k for k in stray if not k.startswith("algorithm.")]
-            elif stray:  # module defaults: options of the algorithm, when it is registered
-                names = algorithm_option_names(method.algorithm)
-                stray = [k for k in stray if names and k.removeprefix("algorithm.") not in names]
+            stray = sorted(
+                k
+                for k in getattr(method, record)
+                if k not in own and not _module_option(method.algorithm, k)
+            )
             if stray:
                 raise FedshiftError(
                     f"method {method.name!r} records {stray[0]!r} as {record} but neither sets "
@@ -244,6 +243,15 @@ def parse_table(raw: dict, default_id: str = "table") -> Table:
         untuned=untuned,
         given=given,
     )
+
+
+def _module_option(algorithm: str, key: str) -> bool:
+    """Whether ``key`` names an option of ``algorithm`` (a module default a method may
+    declare); any ``algorithm.NAME`` while the algorithm is not registered (a plugin)."""
+    if not key.startswith("algorithm."):
+        return False
+    names = algorithm_option_names(algorithm)
+    return not names or key.removeprefix("algorithm.") in names
 
 
 def _record(raw: dict, record: str) -> dict[str, str]:
