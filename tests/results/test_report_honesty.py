@@ -3,7 +3,9 @@ published gap holds only beyond seed noise."""
 
 from __future__ import annotations
 
+import json
 import math
+import sqlite3
 
 import pytest
 import torch
@@ -15,13 +17,14 @@ from fedshift.algorithms.fedavg import FedAvg
 from fedshift.eval.metrics import (
     EvalCounts,
     constant_clients,
-    flag_below_chance_on_training,
+    flag_chance_fit_on_training,
     flag_chance_loss,
     flag_saturated_logits,
     loss_at_chance,
     over_seeds,
 )
 from fedshift.results.comparison import MethodResult, compare, gap_test
+from fedshift.results.store import RunStore
 from fedshift.tables import Method, Table
 
 CONSTANT = "test-constant-predictor"
@@ -140,7 +143,7 @@ def test_a_run_whose_model_answers_one_class_is_marked_degenerate(tmp_path):
     assert good.metrics["degenerate"] is False and good.metrics["constant_clients"] == 0
 
 
-def test_below_chance_on_training_flags_only_a_fit_under_the_majority_share():
+def test_training_fit_flags_a_fit_under_or_just_over_the_majority_share():
     def metrics(acc, share):
         return {
             "degenerate": False,
@@ -149,13 +152,37 @@ def test_below_chance_on_training_flags_only_a_fit_under_the_majority_share():
             "train_majority_share": share,
         }
 
-    flagged = flag_below_chance_on_training(metrics(30.0, 50.0))
-    assert flagged["degenerate"] and "own training data" in flagged["degenerate_why"]
-    assert not flag_below_chance_on_training(metrics(46.0, 50.0))["degenerate"]  # within 5
-    assert not flag_below_chance_on_training(metrics(75.0, 50.0))["degenerate"]  # CMNIST's 75
-    kept = flag_below_chance_on_training({**metrics(20.0, 50.0), "degenerate_why": "x"})
+    flagged = flag_chance_fit_on_training(metrics(30.0, 50.0))
+    assert flagged["degenerate"] and "backwards" in flagged["degenerate_why"]
+    near = flag_chance_fit_on_training(metrics(50.9, 50.3))  # FedPIN at γ = 100
+    assert near["degenerate"] and "next to nothing" in near["degenerate_why"]
+    assert flag_chance_fit_on_training(metrics(46.0, 50.0))["degenerate"]  # under, not backwards
+    assert flag_chance_fit_on_training(metrics(54.9, 50.0))["degenerate"]
+    assert not flag_chance_fit_on_training(metrics(55.0, 50.0))["degenerate"]  # 5 points over
+    assert not flag_chance_fit_on_training(metrics(75.0, 50.0))["degenerate"]  # CMNIST's 75
+    assert not flag_chance_fit_on_training(metrics(15.5, 10.0))["degenerate"]  # 10 classes
+    kept = flag_chance_fit_on_training({**metrics(20.0, 50.0), "degenerate_why": "x"})
     assert kept["degenerate_why"].startswith("x; ")
-    assert not flag_below_chance_on_training({"degenerate": False})["degenerate"]  # no data
+    assert not flag_chance_fit_on_training({"degenerate": False})["degenerate"]  # no data
+
+
+def test_a_stored_run_gets_a_fit_rule_newer_than_it(tmp_path):
+    """A run recorded before the near-chance rule reads back degenerate under it, from the
+    fit it stored; one the rule passes, or one already degenerate, reads back as stored."""
+    db = tmp_path / "runs.db"
+    run = fs.run(algorithm="fedavg", scenario="digits-shortcut", rounds=2, seed=0, db=str(db))
+    fit = run.metrics["train_accuracy_pooled"]
+    assert not run.metrics["degenerate"] and fit >= run.metrics["train_majority_share"] + 5
+    store = RunStore(db)
+    with sqlite3.connect(db) as conn:
+        old = {**run.metrics, "train_majority_share": fit - 1.0}  # as if near chance
+        conn.execute("UPDATE runs SET metrics=? WHERE run_id=?", (json.dumps(old), run.run_id))
+    got = store.run(run.run_id)["metrics"]
+    assert got["degenerate"] and "next to nothing" in got["degenerate_why"]
+    with sqlite3.connect(db) as conn:
+        old = {**old, "degenerate": True, "degenerate_why": "x"}
+        conn.execute("UPDATE runs SET metrics=? WHERE run_id=?", (json.dumps(old), run.run_id))
+    assert store.run(run.run_id)["metrics"]["degenerate_why"] == "x"
 
 
 def test_a_model_that_reads_its_data_backwards_is_marked_degenerate():

@@ -16,14 +16,18 @@ are one class and that share exceeds the share of the client's most common label
 of the time); a run is *degenerate* when most clients' predictors are constant, or when
 its training loss stays at ln K (chance) over the last rounds, or when its predictors
 classify their own training data worse than answering the training data's most common
-class (:func:`flag_below_chance_on_training`): a model that reads a shortcut *backwards*
+class (:func:`flag_chance_fit_on_training`): a model that reads a shortcut *backwards*
 scores well on a validation environment where the shortcut is reversed, and is neither
-constant nor at ln K, but it fails on the data it was trained on. And a run is degenerate
-when its predictors' logits have blown up (:func:`flag_saturated_logits`): on most of their
-own training rows the top logit exceeds the runner-up by more than ``SATURATION_GAP``, so
-the softmax is exactly one-hot in floating point and the risk passes no gradient there —
-a divergence that stayed finite (FedSDR's prediction estimator at γ ≥ 10⁴: logit gaps of
-10⁸–10⁹ after its first steps, docs/methods/invariant.md).
+constant nor at ln K, but it fails on the data it was trained on; and, since 2026-11-30,
+when they classify it no better than that, within ``NEAR_CHANCE_MARGIN`` points above it: a
+model that has learned next to nothing scores about the majority rate everywhere, which on
+a validation environment where the shortcut is reversed beats every model that reads the
+shortcut (FedPIN's selection, docs/results/thesis-5.1-cmnist8-fedpin-select). And a run
+is degenerate when its predictors' logits have blown up (:func:`flag_saturated_logits`): on
+most of their own training rows the top logit exceeds the runner-up by more than
+``SATURATION_GAP``, so the softmax is exactly one-hot in floating point and the risk passes
+no gradient there — a divergence that stayed finite (FedSDR's prediction estimator at
+γ ≥ 10⁴: logit gaps of 10⁸–10⁹ after its first steps, docs/methods/invariant.md).
 """
 
 from __future__ import annotations
@@ -45,6 +49,10 @@ CONSTANT_MARGIN = 0.05  # … 5 points more often than that client's most common
 CHANCE_TOLERANCE = 0.01  # training loss within 1 % of ln K counts as "at chance"
 # training-data accuracy this many points under the most common class's share: backwards
 BELOW_CHANCE_MARGIN = 5.0
+# … or no more than this many points above it: learned next to nothing. The same 5 points
+# the other side; every exported run under docs/results/ within it on 2026-11-30 was
+# already degenerate by another rule but one (FedPIN at γ = 100, fit 50.9 against 50.3)
+NEAR_CHANCE_MARGIN = 5.0
 # a logit gap this large makes exp(−gap) 0 in float32 and float64 alike (exp(−745) already
 # is): the cross-entropy's gradient is exactly 0 on a correct row, and a model trained with
 # it does not get there by the risk (measured: no row above it for any pinned algorithm but
@@ -155,8 +163,8 @@ def training_fit(train: EvalCounts) -> dict:
 
 def flag_training_fit(metrics: dict) -> dict:
     """The degeneracy rules that read the predictors' fit to their own training rows
-    (:func:`training_fit`): learned backwards, or logits blown up."""
-    return flag_saturated_logits(flag_below_chance_on_training(metrics))
+    (:func:`training_fit`): learned backwards or next to nothing, or logits blown up."""
+    return flag_saturated_logits(flag_chance_fit_on_training(metrics))
 
 
 def flag_saturated_logits(metrics: dict) -> dict:
@@ -176,21 +184,38 @@ def flag_saturated_logits(metrics: dict) -> dict:
     return metrics
 
 
-def flag_below_chance_on_training(metrics: dict) -> dict:
-    """Mark ``metrics`` degenerate (in place, and returned) when the predictors score more
-    than ``BELOW_CHANCE_MARGIN`` points under the majority share on their own training data:
-    they did not learn the training data, or learned it backwards. Pooled over clients and
-    against the union's most common class, so that a global model on a skewed client is
-    not called backwards for missing that client's own majority."""
+def flag_chance_fit_on_training(metrics: dict) -> dict:
+    """Mark ``metrics`` degenerate (in place, and returned) when the predictors' accuracy on
+    their own training data is more than ``BELOW_CHANCE_MARGIN`` points under the majority
+    share (they learned it backwards) or no more than ``NEAR_CHANCE_MARGIN`` points above it
+    (they learned next to nothing). Pooled over clients and against the union's most common
+    class, so that a global model on a skewed client is not called backwards for missing
+    that client's own majority."""
     acc, share = metrics.get("train_accuracy_pooled"), metrics.get("train_majority_share")
-    if acc is None or share is None or acc >= share - BELOW_CHANCE_MARGIN:
+    if acc is None or share is None or acc >= share + NEAR_CHANCE_MARGIN:
         return metrics
     metrics["degenerate"] = True
-    why = (
-        f"its models score {acc:.1f} % on their own training data, under the {share:.1f} % "
-        "of answering the most common class (a shortcut learned backwards?)"
-    )
+    if acc < share - BELOW_CHANCE_MARGIN:
+        why = (
+            f"its models score {acc:.1f} % on their own training data, under the {share:.1f} % "
+            "of answering the most common class (a shortcut learned backwards?)"
+        )
+    else:
+        why = (
+            f"its models score {acc:.1f} % on their own training data, within "
+            f"{NEAR_CHANCE_MARGIN:g} points of the {share:.1f} % of answering the most common "
+            "class: they learned next to nothing from it"
+        )
     metrics["degenerate_why"] = "; ".join(filter(None, [metrics.get("degenerate_why"), why]))
+    return metrics
+
+
+def refresh_fit_verdict(metrics: dict | None) -> dict | None:
+    """A stored run's metrics under the current training-fit rules (in place, and returned):
+    a rule added after the run finished applies to it from the fit it recorded, without a
+    re-evaluation. A run already degenerate keeps its verdict and reasons as stored."""
+    if metrics and not metrics.get("degenerate"):
+        flag_training_fit(metrics)
     return metrics
 
 

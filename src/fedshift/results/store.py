@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FedshiftError
+from ..eval.metrics import refresh_fit_verdict
 
 DEFAULT_DB = Path("runs") / "fedshift.db"
 
@@ -461,6 +462,7 @@ class RunStore:
         d = dict(row)
         for k in ("config", "environment", "metrics"):
             d[k] = json.loads(d[k]) if d[k] else None
+        refresh_fit_verdict(d["metrics"])  # a fit rule newer than the run applies to it
         d["overrides"] = json.loads(d["overrides"]) if d.get("overrides") else []
         d["group"] = d.pop("grp", None)
         if d["status"] == "running" and not _alive(d.pop("pid", None)):
