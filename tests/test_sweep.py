@@ -195,6 +195,10 @@ def test_a_table_row_sweeps_with_the_rows_settings_over_the_tables_folds(tmp_pat
     s = last_json(res.stdout)
     assert s["table"] == {"id": "tiny", "method": "FedProx (mu 0.1)"}
     assert s["folds"] == {"scenario.p_val": ["0.1", "0.9"]} and len(s["run_ids"]) == 4
+    # --rounds 1 against the table's 2: the summary and the output say it selected at
+    # another scale
+    assert s["scale"] == {"rounds": {"sweep": 1, "table": 2}}
+    assert "another scale" in res.output and "rounds 1 (the table: 2)" in res.output
     ours = reproduce(
         str(table), methods=["FedProx (mu 0.1)"], seeds=1, rounds=1, db=db,
         out_dir=tmp_path / "rep",
@@ -217,5 +221,8 @@ def test_a_table_row_sweeps_with_the_rows_settings_over_the_tables_folds(tmp_pat
         app, [*args, "--set", "scenario.p_val=0.5", "--rounds", "1", "--db", str(db), "--json"]
     )
     assert res.exit_code == 0 and last_json(res.stdout)["folds"] == {}, res.output
+    res = runner.invoke(app, [*args[:4], "--set", "scenario.p_val=0.5", "--db", str(db), "--json"])
+    assert res.exit_code == 0 and last_json(res.stdout)["scale"] == {}, res.output
+    assert "another scale" not in res.output
     res = runner.invoke(app, ["sweep", "mnist-iid-fedavg", "--method", "FedAvg", "--db", str(db)])
     assert res.exit_code == 2 and "not a table" in res.output, res.output

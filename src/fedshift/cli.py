@@ -287,8 +287,21 @@ def sweep(
     if any(p["metrics"].get("degenerate") for p in result["points"]):
         every = "; every point is degenerate, so the best one is shown"
         console.print(
-            "† degenerate (a constant predictor, or loss at chance level): never selected"
+            "† degenerate (one class everywhere, loss at chance, a fit to its own training "
+            "rows near or under the majority share, or blown-up logits): never selected"
             + (every if result["all_degenerate"] else "")
+        )
+    if result.get("scale"):
+        changed = ", ".join(
+            f"{k} {v['sweep']} (the table: {v['table']})" for k, v in result["scale"].items()
+        )
+        console.print(
+            escape(
+                f"this sweep selects at another scale than table {result['table']['id']} runs "
+                f"({changed}): its choice may not hold at the table's scale; check the leading "
+                "points there on the selection seeds (docs/reproduce.md)"
+            ),
+            soft_wrap=True,
         )
     chosen = ", ".join(f"{k}={v}" for k, v in result["selected_params"].items()) or "—"
     console.print(

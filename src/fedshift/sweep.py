@@ -39,6 +39,34 @@ from .config import resolve
 from .errors import FedshiftError
 from .eval.metrics import combine_folds, mean_std, over_seeds
 
+# the settings that make a run's scale: a sweep of a table's row that changes any of them
+# selects at another scale than the table runs, which can rank settings differently
+# (docs/reproduce.md: FedPIN's reduced-scale choice is a colour reader at the table's)
+SCALE_KEYS = (
+    "rounds",
+    "scenario.samples",
+    "scenario.test_samples",
+    "scenario.clients",
+    "local_epochs",
+    "local_steps",
+    "participation",
+    "batch_size",
+)
+
+
+def scale_changes(row: Any, swept: dict[str, Any], fold: dict[str, Any]) -> dict[str, dict]:
+    """The scale settings (``SCALE_KEYS``) in which a sweep of a table's ``row`` differs
+    from the row as its table runs it: ``{key: {"sweep": value, "table": value}}``.
+    ``swept``: a sweep run's flat config; ``fold``: its fold's overrides (the table's own
+    runs take them too)."""
+    key = row.table.sweep_key
+    own = row.config({k: v for k, v in fold.items() if k == key}).flat()
+    return {
+        k: {"sweep": swept.get(k), "table": own.get(k)}
+        for k in SCALE_KEYS
+        if swept.get(k) != own.get(k)
+    }
+
 
 def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
     """Index of the point with the best mean validation accuracy among the non-degenerate
@@ -246,8 +274,12 @@ def run_sweep(
 
     best, usable = select_point(done)
     first = configs[0][0]
+    fold = dict(fold_sets[0])
+    if row is not None and row.table.sweep_key in overrides:  # --set of the fold key
+        fold[row.table.sweep_key] = overrides[row.table.sweep_key]
     return {
         "table": None if row is None else {"id": row.table.id, "method": row.method.name},
+        "scale": None if row is None else scale_changes(row, first.flat(), fold),
         "algorithm": first.algorithm,
         "scenario": first.scenario,
         "rounds": first.rounds,
