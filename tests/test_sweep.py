@@ -198,7 +198,7 @@ def test_a_table_row_sweeps_with_the_rows_settings_over_the_tables_folds(tmp_pat
     # --rounds 1 against the table's 2: the summary and the output say it selected at
     # another scale
     assert s["scale"] == {"rounds": {"sweep": 1, "table": 2}}
-    assert "another scale" in res.output and "rounds 1 (the table: 2)" in res.output
+    assert "another scale" in res.output and "rounds 1 (table: 2)" in res.output
     ours = reproduce(
         str(table), methods=["FedProx (mu 0.1)"], seeds=1, rounds=1, db=db,
         out_dir=tmp_path / "rep",

@@ -292,8 +292,13 @@ def sweep(
             + (every if result["all_degenerate"] else "")
         )
     if result.get("scale"):
+
+        def shown(v: object) -> str:
+            return "default" if v is None else str(v)
+
         changed = ", ".join(
-            f"{k} {v['sweep']} (the table: {v['table']})" for k, v in result["scale"].items()
+            f"{k} {shown(v['sweep'])} (table: {shown(v['table'])})"
+            for k, v in result["scale"].items()
         )
         console.print(
             escape(
