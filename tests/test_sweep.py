@@ -221,7 +221,8 @@ def test_a_table_row_sweeps_with_the_rows_settings_over_the_tables_folds(tmp_pat
         app, [*args, "--set", "scenario.p_val=0.5", "--rounds", "1", "--db", str(db), "--json"]
     )
     assert res.exit_code == 0 and last_json(res.stdout)["folds"] == {}, res.output
-    res = runner.invoke(app, [*args[:4], "--set", "scenario.p_val=0.5", "--db", str(db), "--json"])
+    at_scale = ["--set", "scenario.p_val=0.5", "--set", "scenario.clients=4"]  # as text
+    res = runner.invoke(app, [*args[:4], *at_scale, "--db", str(db), "--json"])
     assert res.exit_code == 0 and last_json(res.stdout)["scale"] == {}, res.output
     assert "another scale" not in res.output
     res = runner.invoke(app, ["sweep", "mnist-iid-fedavg", "--method", "FedAvg", "--db", str(db)])

@@ -64,8 +64,18 @@ def scale_changes(row: Any, swept: dict[str, Any], fold: dict[str, Any]) -> dict
     return {
         k: {"sweep": swept.get(k), "table": own.get(k)}
         for k in SCALE_KEYS
-        if swept.get(k) != own.get(k)
+        if not _same_value(swept.get(k), own.get(k))
     }
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Config values equal as written or as numbers (``--set`` gives ``"16000"``)."""
+    if a is None or b is None:
+        return a is b
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
 
 
 def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
