@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import resolve
+from .config import canonical, resolve
 from .errors import FedshiftError
 from .eval.metrics import combine_folds, mean_std, over_seeds
 
@@ -54,28 +54,19 @@ SCALE_KEYS = (
 )
 
 
-def scale_changes(row: Any, swept: dict[str, Any], fold: dict[str, Any]) -> dict[str, dict]:
+def scale_changes(row: Any, swept: dict[str, Any]) -> dict[str, dict]:
     """The scale settings (``SCALE_KEYS``) in which a sweep of a table's ``row`` differs
     from the row as its table runs it: ``{key: {"sweep": value, "table": value}}``.
-    ``swept``: a sweep run's flat config; ``fold``: its fold's overrides (the table's own
-    runs take them too)."""
+    ``swept``: a sweep run's flat config (its fold's value of the table's own fold key is
+    the one the table's run is built with). Values compare by meaning (``--set`` gives
+    ``"16000"``, a table file the number)."""
     key = row.table.sweep_key
-    own = row.config({k: v for k, v in fold.items() if k == key}).flat()
+    own = row.config({key: swept[key]} if key in swept else {}).flat()
     return {
         k: {"sweep": swept.get(k), "table": own.get(k)}
         for k in SCALE_KEYS
-        if not _same_value(swept.get(k), own.get(k))
+        if canonical(swept.get(k)) != canonical(own.get(k))
     }
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    """Config values equal as written or as numbers (``--set`` gives ``"16000"``)."""
-    if a is None or b is None:
-        return a is b
-    try:
-        return float(a) == float(b)
-    except (TypeError, ValueError):
-        return str(a) == str(b)
 
 
 def select_point(points: list[dict[str, Any]]) -> tuple[int, bool]:
@@ -284,12 +275,9 @@ def run_sweep(
 
     best, usable = select_point(done)
     first = configs[0][0]
-    fold = dict(fold_sets[0])
-    if row is not None and row.table.sweep_key in overrides:  # --set of the fold key
-        fold[row.table.sweep_key] = overrides[row.table.sweep_key]
     return {
         "table": None if row is None else {"id": row.table.id, "method": row.method.name},
-        "scale": None if row is None else scale_changes(row, first.flat(), fold),
+        "scale": None if row is None else scale_changes(row, first.flat()),
         "algorithm": first.algorithm,
         "scenario": first.scenario,
         "rounds": first.rounds,
