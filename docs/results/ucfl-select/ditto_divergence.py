@@ -15,8 +15,9 @@ import argparse
 
 import torch
 import torch.nn.functional as F
-from torch.func import grad, jvp
 
+from fedshift.algorithms.perfedavg import hvp
+from fedshift.engine.tree import take
 from fedshift.errors import Diverged
 from fedshift.experiment import build_experiment
 from fedshift.tables import find_method, load_table, method_config
@@ -24,13 +25,17 @@ from fedshift.tables import find_method, load_table, method_config
 
 def sharpness(ctx, params: dict, buffers: dict, x, y, iters: int) -> float:
     """Top eigenvalue of the Hessian of the mean cross-entropy at ``params`` (power iteration)."""
-    g = grad(lambda p: F.cross_entropy(ctx.forward(p, buffers, x), y))
-    u = {k: torch.randn_like(t) for k, t in params.items()}
+
+    def loss(p: dict):
+        return F.cross_entropy(ctx.forward(p, buffers, x), y)
+
+    gen = torch.Generator().manual_seed(0)  # the same start vector on every call and run
+    u = {k: torch.randn(t.shape, generator=gen, dtype=t.dtype) for k, t in params.items()}
     value = 0.0
     for _ in range(iters):
         norm = torch.sqrt(sum((t**2).sum() for t in u.values()))
         u = {k: t / norm for k, t in u.items()}
-        _, hu = jvp(g, (params,), (u,))
+        hu = hvp(loss, params, u)
         value = sum((hu[k] * u[k]).sum() for k in u).item()
         u = hu
     return value
@@ -68,8 +73,7 @@ def main() -> None:
         sharp = []
         for c in range(n):
             x, y = ex.data.train.client(c)
-            p = {k: t[c].detach() for k, t in state["p"].items()}
-            b = {k: t[c].detach() for k, t in state.get("b", {}).items()}
+            p, b = take(state["p"], c), take(state.get("b", {}), c)
             sharp.append(sharpness(ex.ctx, p, b, x, y, a.iters))
         s = torch.tensor(sharp)
         print(
