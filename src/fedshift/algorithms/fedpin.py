@@ -18,9 +18,10 @@ gradient-reversal reading). (2) ω_a(z, u) = (W + W_u)z + b + b_u: a linear laye
 logits and never see how the z–y relation differs between clients, which is what
 I(E,U;Y|Φ_g) measures; each client trains (and uploads) only its own row W_u, b_u.
 (3) The thesis lists no values for α, λ, γ, τ, K; the defaults
-below are ours (documented in docs/methods/invariant.md). The CMNIST presets' α = 30,
-λ = 300, γ = 10 were chosen on validation at R = 10 local epochs; larger γ or λ make the
-personal model answer one class (the anchor Φ_g maps ~89 % of CMNIST inputs to zero).
+below are ours (documented in docs/methods/invariant.md). The CMNIST/CFMNIST presets
+choose α, λ, γ on validation and record the sweep in their ``tuned`` entries
+(docs/results/thesis-5.1-cmnist8-fedpin-select); large γ or λ make the personal model
+answer one class (the anchor Φ_g maps most CMNIST inputs to zero).
 (4) Ablations of Table 5.2 are ``variant``: gm (global model), gm-ft (global model
 fine-tuned K steps at evaluation), gm-l2 (personal model trained with R + (μ/2)‖θ − θ_g‖²),
 pm-lambda0, pm-gamma0, pm.
