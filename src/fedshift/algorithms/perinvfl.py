@@ -35,6 +35,8 @@ layers of 390, is the tuned MLP of the IRMv1 reference code, so we take that rec
   uploaded losses, η_q), so uniform q is plain ERM; θ_i's local GroupDRO objective is the
   worst local-environment risk of the minibatch (= R_i with one local environment).
 β → 0 leaves θ_i to local L_INV; α = 0 freezes ν.
+Known limit: θ_i and ν share one set of normalisation buffers (none in the RC-MNIST MLPs;
+the WaterBirds ResNet-18 would mix their running statistics; docs/methods/invariant.md).
 """
 
 from __future__ import annotations
