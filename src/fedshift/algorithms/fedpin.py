@@ -20,8 +20,8 @@ I(E,U;Y|Φ_g) measures; each client trains (and uploads) only its own row W_u, b
 (3) The thesis lists no values for α, λ, γ, τ, K; the defaults
 below are ours (documented in docs/methods/invariant.md). The CMNIST/CFMNIST presets
 choose α, λ, γ on validation and record the sweep in their ``tuned`` entries
-(docs/results/thesis-5.1-cmnist8-fedpin-select); large γ or λ make the personal model
-answer one class (the anchor Φ_g maps most CMNIST inputs to zero).
+(docs/results/thesis-5.1-cmnist8-fedpin-select); large γ or λ make the personal models
+answer one class (degenerate points there).
 (4) Ablations of Table 5.2 are ``variant``: gm (global model), gm-ft (global model
 fine-tuned K steps at evaluation), gm-l2 (personal model trained with R + (μ/2)‖θ − θ_g‖²),
 pm-lambda0, pm-gamma0, pm.
