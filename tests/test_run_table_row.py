@@ -133,7 +133,12 @@ def test_a_row_of_a_shipped_table(shared_datasets, tmp_path):
     want = json.loads(json.dumps(method_config(table, fedpin, overrides).flat()))
     got = RunStore(db).run(s["run_id"])["config"]
     assert got == want
-    assert got["algorithm.alpha"] == 50.0 and got["algorithm.lambda_"] == 3.0
+    # the row's own options reach the run, not the module's defaults (alpha = lambda_ = 1)
+    assert (got["algorithm.alpha"], got["algorithm.lambda_"]) == (
+        fedpin.options["alpha"],
+        fedpin.options["lambda_"],
+    )
+    assert (got["algorithm.alpha"], got["algorithm.lambda_"]) != (1.0, 1.0)
     assert (
         got["local_epochs"] == 10 and got["batch_size"] == 64 and got["lr"] == 0.01
     )  # FedPIN's own validated lr
