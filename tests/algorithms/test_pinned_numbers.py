@@ -15,7 +15,7 @@ from pinned import PINNED, builtin_algorithms, machine, numbers
 PINS = json.loads(PINNED.read_text())
 # On a machine like the one that wrote the pins, to a few float32 ulps: bit for bit on most
 # such hosts, but one (Intel Xeon, 2026-11-30) rounded GroupDRO's numbers up to 6e-8 apart.
-EXACT = PINS["machine"] == machine()
+SAME_MACHINE = PINS["machine"] == machine()
 
 
 def test_every_registered_algorithm_is_pinned():
@@ -26,7 +26,7 @@ def _same(got, want, where):
     if isinstance(want, dict) and set(want) == {"dtype", "shape", "values"}:
         assert (got["dtype"], got["shape"]) == (want["dtype"], want["shape"]), where
         g, w = torch.tensor(got["values"]), torch.tensor(want["values"])
-        if EXACT:
+        if SAME_MACHINE:
             torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7, msg=where)
         else:
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, msg=where)
@@ -41,7 +41,7 @@ def _same(got, want, where):
     elif isinstance(want, float) and not isinstance(got, bool):
         if math.isnan(want):
             assert math.isnan(got), where
-        elif EXACT:
+        elif SAME_MACHINE:
             assert got == pytest.approx(want, rel=1e-6, abs=1e-7), where
         else:
             assert got == pytest.approx(want, rel=1e-4, abs=1e-4), where
