@@ -424,7 +424,11 @@ def _resume(store: RunStore, run_id: str, data, on_round, data_dir, overrides) -
             f"run {run_id!r} is finished but its checkpoint {str(path)!r} is gone; it cannot "
             "be extended (start a new run with more rounds)"
         )
-    store.note_resume(run_id, {"round": done, "device": str(exp.ctx.device), "time": _now()})
+    env = environment_info(exp.ctx.device)  # a resume may run on another kind of machine
+    store.note_resume(
+        run_id,
+        {"round": done, "device": env["device"], "cpu": env["cpu"], "time": _now()},
+    )
     if changes:
         entry = {"round": done, "changes": changes, "from_hash": digest}
         store.override(run_id, config, {**entry, "time": _now()})

@@ -139,20 +139,42 @@ def check_cohort_memory(params: dict, width: int, device: torch.device) -> None:
         )
 
 
+def processor_name() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo, else what ``platform`` knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment_info(device: torch.device | str) -> dict:
+    """What a run's numbers depend on besides its config and seed. ``cpu`` and
+    ``cpu_capability`` (the vector instructions torch's CPU kernels use, e.g. AVX2 or
+    AVX512) are kept because float rounding differs between them: a 600-round FedPIN run
+    repeated on an Intel AVX-512 host after an earlier host ended 1.4 points of worst-case
+    accuracy apart at the same config, seed and thread count (docs/runs.md)."""
     import numpy
     import sklearn
 
-    return {
+    info = {
         "fedshift": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "sklearn": sklearn.__version__,
         "platform": platform.platform(),
+        "cpu": processor_name(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": str(device),
         "threads": torch.get_num_threads(),
     }
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
 
 
 __all__ = ["Experiment", "RoundRecord", "build_experiment", "environment_info"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from toy import toy_data
 
 import fedshift as fs
@@ -18,6 +19,9 @@ def test_run_is_recorded_with_per_client_accuracies(tmp_path):
     assert rec["status"] == "done" and rec["rounds_done"] == 2
     assert rec["config"]["algorithm"] == "fedavg" and rec["config"]["model.hidden"] == [8]
     assert rec["environment"]["torch"]
+    # float rounding differs between CPU types: the store says which one trained the run
+    assert rec["environment"]["cpu"]
+    assert rec["environment"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert rec["metrics"] == out.metrics
     assert [r["round"] for r in rec["round_metrics"]] == [1, 2]
     test_rows = [r for r in rec["client_accuracy"] if r["split"] == "test"]

@@ -31,6 +31,9 @@ def header(record: dict) -> str:
     devices = list(dict.fromkeys(d for d in devices if d))
     if devices:
         line += f"; on {', then '.join(devices)}"
+    env = r.get("environment") or {}
+    if env.get("cpu"):  # recorded since 2026-11-30: float rounding differs between CPUs
+        line += f" (CPU {env['cpu']}, {env.get('cpu_capability') or '?'})"
     if r.get("val") is not None:
         line += f"; validation accuracy {r['val']:.1f} %"
     if r.get("error"):
