@@ -139,12 +139,13 @@ def check_cohort_memory(params: dict, width: int, device: torch.device) -> None:
         )
 
 
-def processor_name() -> str:
-    """The CPU's model name (Linux's /proc/cpuinfo, else what ``platform`` knows)."""
+def cpu_info(field: str = "model name") -> str:
+    """One field of the CPU's description (Linux's /proc/cpuinfo: ``model name``,
+    ``vendor_id``, …), else what ``platform`` knows of the processor."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
@@ -167,7 +168,7 @@ def environment_info(device: torch.device | str) -> dict:
         "numpy": numpy.__version__,
         "sklearn": sklearn.__version__,
         "platform": platform.platform(),
-        "cpu": processor_name(),
+        "cpu": cpu_info(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "device": str(device),
         "threads": torch.get_num_threads(),

@@ -22,6 +22,7 @@ from toy import algorithm_test_data  # noqa: E402
 import fedshift as fs  # noqa: E402
 from fedshift.algorithms import ALGORITHMS  # noqa: E402
 from fedshift.engine.tree import flatten  # noqa: E402
+from fedshift.experiment import cpu_info  # noqa: E402
 
 PINNED = Path(__file__).with_name("pinned_numbers.json")
 
@@ -56,21 +57,8 @@ def machine() -> dict:
     return {
         "torch": torch.__version__,
         "cpu": torch.backends.cpu.get_cpu_capability(),
-        "vendor": _cpu_vendor(),
+        "vendor": cpu_info("vendor_id"),
     }
-
-
-def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
 
 
 def _tensor(t: torch.Tensor) -> dict:
