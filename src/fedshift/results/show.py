@@ -26,12 +26,11 @@ def header(record: dict) -> str:
         f"created {r['created']}, finished {r['finished'] or '—'}; "
         f"time {_cell(r['time_s'])} s, {mb:.2f} MB communicated"
     )
-    devices = [(r.get("environment") or {}).get("device")]
-    devices += [e.get("device") for e in (r.get("environment") or {}).get("resumes", [])]
+    env = r.get("environment") or {}
+    devices = [env.get("device")] + [e.get("device") for e in env.get("resumes", [])]
     devices = list(dict.fromkeys(d for d in devices if d))
     if devices:
         line += f"; on {', then '.join(devices)}"
-    env = r.get("environment") or {}
     if env.get("cpu"):  # recorded since 2026-11-30: float rounding differs between CPUs
         line += f" (CPU {env['cpu']}, {env.get('cpu_capability') or '?'})"
     if r.get("val") is not None:
