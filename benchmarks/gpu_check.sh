@@ -8,6 +8,7 @@
 # results with it; logs and JSON go to $OUT (or ./gpu-out). The order puts first what the
 # last lease (H200, 2026-11-30) left unmeasured.
 #   FEDSHIFT_DATA=<folder holding mnist/> DEADLINE=500 bash benchmarks/gpu_check.sh
+# STEPS="device fedsdr-alone ..." runs only the steps named (default: all, in this order).
 # On a lent machine the data must travel with the tree: copy MNIST into a folder that
 # .git/info/exclude ignores, carry it, and point FEDSHIFT_DATA there. The tree travels only
 # under 64 MiB: docs/results is most of it (move its largest folders aside for the call).
@@ -23,6 +24,7 @@ END=$((SECONDS + ${DEADLINE:-540}))
 step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), log to $OUT/NAME.log
   local name=$1 limit=$2; shift 2
   local left=$((END - SECONDS)) t0=$SECONDS
+  [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]] && return
   [ "$left" -lt 15 ] && { echo "== $name: skipped (deadline)"; return; }
   [ "$limit" -gt "$left" ] && limit=$left
   timeout "$limit" bash -c "$*" > "$OUT/$name.log" 2>&1
@@ -32,11 +34,13 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), lo
 step device 20 "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; $PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.cuda.is_available())'"
 step executions 90 "$PY benchmarks/gpu_executions.py > $OUT/executions.jsonl"
 # several launch-bound runs at once (each a process with one CPU thread, as --workers starts
-# them): FedSDR's Table 5.1 round alone, then four at once; not measured yet
+# them): FedSDR's Table 5.1 round alone, then four and eight at once
 step fedsdr-alone 60 "$FS reproduce thesis-5.1-cmnist8 --estimate --methods FedSDR --set device=cuda --set threads=1 --json > $OUT/fedsdr-alone.json"
-step fedsdr-four 90 "for i in 1 2 3 4; do $FS reproduce thesis-5.1-cmnist8 --estimate --methods FedSDR --set device=cuda --set threads=1 --json > $OUT/fedsdr-four-\$i.json & done; wait"
+for n in 4 8; do
+  step "fedsdr-$n" 150 "for i in \$(seq $n); do $FS reproduce thesis-5.1-cmnist8 --estimate --methods FedSDR --set device=cuda --set threads=1 --json > $OUT/fedsdr-$n-\$i.json & done; wait"
+done
 RS="$PY benchmarks/round_speed.py --device cuda --json"
-step w2 150 "$RS --only w2 --rounds 3 > $OUT/w2.json"  # ran past 70 s on the H200 (2026-11-30)
+step w2 150 "$RS --only w2 --rounds 2 > $OUT/w2.json"  # ran past 70 s on the H200 (2026-11-30)
 for a in ${W3_ALGORITHMS:-fedsdr}; do  # one process each: a failure stays its own
   step "w3-$a" 90 "$RS --only w3 --quick --rounds 3 --w3-algorithms $a > $OUT/w3-$a.json"
 done
