@@ -48,5 +48,6 @@ step w1 90 "$RS --only w1 --rounds 5 > $OUT/w1.json"
 step estimate 150 "$FS reproduce thesis-5.1-cmnist8 --estimate ${ESTIMATE_METHODS:+--methods $ESTIMATE_METHODS} --set device=cuda --json > $OUT/estimate.json"
 step cli 40 "$FS run --set algorithm=fedpin --set scenario=cmnist --set scenario.samples=4000 --device cuda --rounds 2 --seed 0 --db $OUT/gpu.db --json && $FS runs --db $OUT/gpu.db"
 echo "== done at $SECONDS s"
-# what comes back from a lent machine is a few files: everything in one archive
-tar -czf /tmp/gpu-check.tgz -C "$OUT" . && mv /tmp/gpu-check.tgz "$OUT/"
+# what comes back from a lent machine is a few files (eight on 2026-12-01, the first eight
+# by name): everything in one archive, and nothing else left beside it
+tar -czf /tmp/gpu-check.tgz -C "$OUT" . && find "$OUT" -mindepth 1 -delete && mv /tmp/gpu-check.tgz "$OUT/"
