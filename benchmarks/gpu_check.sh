@@ -6,7 +6,7 @@
 # device, the paper-scale estimate of Table 5.1 CMNIST-8, and the CLI's run path. Each step
 # has its own time limit inside one overall deadline, so a slow step cannot take the others'
 # results with it; logs and JSON go to $OUT (or ./gpu-out). The order puts first what the
-# last lease (H200, 2026-11-30) left unmeasured.
+# last lease (H200, 2026-12-01) left unmeasured.
 #   FEDSHIFT_DATA=<folder holding mnist/> DEADLINE=500 bash benchmarks/gpu_check.sh
 # STEPS="device fedsdr-alone ..." runs only the steps named (default: all, in this order).
 # On a lent machine the data must travel with the tree: copy MNIST into a folder that
@@ -32,6 +32,9 @@ step() {  # step NAME SECONDS COMMAND...: run within min(SECONDS, time left), lo
   tail -3 "$OUT/$name.log" | cut -c1-600
 }
 step device 20 "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; $PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0), torch.cuda.is_available())'"
+# FedSDR's round fresh and after other methods in one process (4.09 against 6.69 s on the
+# H200, 2026-12-01: unexplained)
+step fedsdr-rounds 150 "$PY benchmarks/rounds_in_process.py FedSDR --device cuda --rounds 8 > $OUT/fedsdr-rounds.jsonl && $PY benchmarks/rounds_in_process.py FedAvg,FedSR,pFedMe,FedSDR --device cuda --rounds 8 >> $OUT/fedsdr-rounds.jsonl"
 step executions 90 "$PY benchmarks/gpu_executions.py > $OUT/executions.jsonl"
 # several launch-bound runs at once (each a process with one CPU thread, as --workers starts
 # them): FedSDR's Table 5.1 round alone, then four and eight at once

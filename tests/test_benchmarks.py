@@ -93,6 +93,28 @@ def test_gpu_executions_script_runs_on_the_cpu(shared_datasets, tmp_path):
     assert summary["max_batched_vs_sequential"] < 1e-4
 
 
+def test_rounds_in_process_times_each_method_in_turn():
+    """benchmarks/rounds_in_process.py (a lent GPU's check of slower rounds late in a
+    process) works where it is edited: one JSON line per method, every round timed."""
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "rounds_in_process.py"), "FedAvg,FTFA"]
+        + ["--rounds", "2", "--others", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    lines = [json.loads(x) for x in done.stdout.strip().splitlines()]
+    assert [(x["method"], x["position"], len(x["round_s"])) for x in lines] == [
+        ("FedAvg", 0, 1),
+        ("FTFA", 1, 2),
+    ]
+    assert all(t > 0 for x in lines for t in x["round_s"])
+
+
 def test_population_scale_point_runs():
     """benchmarks/population_scale.py (W4) measures one (population, cohort) point with the
     runner's current API, evaluation of every client included."""
