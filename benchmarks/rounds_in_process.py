@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
-from fedshift.experiment import build_experiment
+from fedshift.budget import time_method
 from fedshift.reproduce import plan_table
-from fedshift.tables import ScenarioCache, load_table, method_config
+from fedshift.tables import ScenarioCache, load_table, method_config, select_methods
 
 
 def main() -> None:
@@ -32,25 +31,19 @@ def main() -> None:
     ap.add_argument("--others", type=int, default=3, help="rounds timed for the others")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     table = load_table(args.table)
-    extra = {"device": args.device, "threads": 1}
-    plan = plan_table(table, extra=extra, skip_missing=True)
+    plan = plan_table(table, extra={"device": args.device, "threads": 1}, skip_missing=True)
     data_for = ScenarioCache(table)
     names = args.methods.split(",")
     for i, name in enumerate(names):
-        method = next(m for m in table.methods if m.name == name)
+        method = select_methods(table, [name]).methods[0]
         cfg = method_config(table, method, {**plan.overrides, "seed": 0})
-        runner = build_experiment(cfg, data=data_for(cfg)).runner
-        runner.server = runner.alg.before_training(runner.server)
-        times = []
-        for r in range(args.rounds if i == len(names) - 1 else args.others):
-            sync()
-            t = time.perf_counter()
-            runner.train_round(r)
-            sync()
-            times.append(round(time.perf_counter() - t, 3))
-        print(json.dumps({"method": name, "position": i, "round_s": times}), flush=True)
+        # the estimate's own timing (first round, then the rest), as `--estimate` measured it
+        rounds = args.rounds if i == len(names) - 1 else args.others
+        timing = time_method(cfg, data_for(cfg), rounds - 1)
+        times = [timing["first_round_s"], *timing["rounds_timed_s"]]
+        out = {"method": name, "position": i, "round_s": [round(t, 3) for t in times]}
+        print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
